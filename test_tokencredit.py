@@ -1,0 +1,555 @@
+"""Tests for tokencredit.py (and, further down, train_tiny.py).
+
+Each function is checked three ways: a hand-worked case with the numbers
+written here, a plain-loop reference that follows the paper's equation
+literally, and its invariants. Run: python -m pytest -q
+"""
+
+import math
+
+import pytest
+import torch
+
+import tokencredit as tc
+
+
+def random_mask(N, T, generator, min_len=1):
+    """Right-padded mask with random lengths in [min_len, T]."""
+    lengths = torch.randint(min_len, T + 1, (N,), generator=generator)
+    return torch.arange(T)[None, :] < lengths[:, None]
+
+
+# -----------------------------------------------------------------------------
+# plain-loop references: the papers' equations, one scalar at a time
+
+def ref_group_advantages(rewards, scale, eps):
+    out = []
+    for group in rewards.tolist():
+        G = len(group)
+        mean = sum(group) / G
+        if G == 1 or all(r == group[0] for r in group):
+            out.append([0.0] * G)
+            continue
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (G - 1))
+        out.append([(r - mean) / (std + eps) if scale == "std" else r - mean for r in group])
+    return torch.tensor(out)
+
+
+def ref_loss(logp, old_logp, adv, mask, mode, eps_low, eps_high, group_size=None, max_len=None,
+             ref_logp=None, beta=0.0):
+    """The objectives exactly as the papers write them, with Python loops."""
+    N, T = mask.shape
+    per_response = []  # (sum over tokens of loss, |o_i|)
+    for i in range(N):
+        total, length = 0.0, 0
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            a = adv[i, t] if adv.dim() == 2 else adv[i]
+            rho = math.exp(logp[i, t] - old_logp[i, t])
+            term = -min(rho * a, min(max(rho, 1 - eps_low), 1 + eps_high) * a)
+            if beta:
+                r = math.exp(ref_logp[i, t] - logp[i, t])
+                term += beta * (r - math.log(r) - 1)
+            total += term
+            length += 1
+        per_response.append((total, length))
+    if mode == "sample":  # 1/G sum_i 1/|o_i| sum_t, averaged over prompts
+        return sum(s / n for s, n in per_response if n) / N
+    if mode == "token":  # 1/sum_i |o_i| sum_i sum_t over the batch
+        return sum(s for s, _ in per_response) / sum(n for _, n in per_response)
+    if mode == "group_token":  # DAPO's equation per group, then mean over groups
+        B = N // group_size
+        groups = [per_response[b * group_size:(b + 1) * group_size] for b in range(B)]
+        return sum(sum(s for s, _ in g) / sum(n for _, n in g) for g in groups) / B
+    if mode == "constant":  # Dr. GRPO: 1/G sum_i 1/max_len sum_t
+        return sum(s / max_len for s, _ in per_response) / N
+    raise AssertionError(mode)
+
+
+def ref_cscr_weights(s, mask, strength, threshold):
+    N, T = mask.shape
+    out = torch.zeros(N, T)
+    for i in range(N):
+        raw = [math.exp(-strength * max(0.0, float(s[i, t]) - threshold)) if mask[i, t] else 0.0
+               for t in range(T)]
+        length = sum(int(m) for m in mask[i])
+        total = sum(raw)
+        for t in range(T):
+            out[i, t] = length * raw[t] / total if mask[i, t] else 0.0
+    return out
+
+
+# -----------------------------------------------------------------------------
+# group advantages
+
+def test_group_advantages_hand_worked():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    # group 0: mean 0.5, Bessel std sqrt(1/3) = 0.57735 -> +-0.866025
+    # group 1: all equal -> exactly 0
+    # group 2: mean 0.25, std 0.5 -> (-0.5, -0.5, -0.5, 1.5)
+    adv = tc.group_advantages(rewards, scale="std", eps=0.0 + 1e-12)
+    expected = torch.tensor([[0.866025, -0.866025, -0.866025, 0.866025],
+                             [0.0, 0.0, 0.0, 0.0],
+                             [-0.5, -0.5, -0.5, 1.5]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert torch.equal(adv[1], torch.zeros(4))
+    drgrpo = tc.group_advantages(rewards, scale="none")
+    assert torch.allclose(drgrpo, torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0] * 4, [-0.25, -0.25, -0.25, 0.75]]))
+
+
+def test_group_advantages_matches_loop_reference():
+    g = torch.Generator().manual_seed(0)
+    for B, G in [(5, 8), (3, 2), (1, 16)]:
+        rewards = torch.randint(0, 3, (B, G), generator=g).double()
+        for scale in ("std", "none"):
+            got = tc.group_advantages(rewards, scale=scale, eps=1e-6)
+            assert torch.allclose(got.float(), ref_group_advantages(rewards, scale, 1e-6).float(), atol=1e-6)
+
+
+def test_group_advantages_invariants():
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.randn(16, 8, generator=g)
+    for scale in ("std", "none"):
+        adv = tc.group_advantages(rewards, scale=scale)
+        assert torch.allclose(adv.sum(dim=1), torch.zeros(16), atol=1e-5)  # zero-sum per group
+    # "std" gives unit Bessel std up to eps; shifting and scaling rewards changes nothing
+    adv = tc.group_advantages(rewards)
+    assert torch.allclose(adv.std(dim=1), torch.ones(16), atol=1e-4)
+    assert torch.allclose(tc.group_advantages(3 * rewards + 7), adv, atol=1e-4)
+    # equal rewards that do not average back exactly in floating point still give exactly 0
+    equal = torch.full((2, 3), 0.1)
+    assert torch.equal(tc.group_advantages(equal), torch.zeros(2, 3))
+    assert torch.equal(tc.group_advantages(torch.tensor([[1.0], [0.0]])), torch.zeros(2, 1))  # G = 1
+
+
+def test_overlong_penalty_hand_worked():
+    lengths = torch.tensor([0, 10, 12, 14, 16, 17, 100])
+    # max_len 16, cache 4: soft zone is (12, 16]
+    got = tc.overlong_penalty(lengths, max_len=16, cache_len=4)
+    assert torch.allclose(got, torch.tensor([0.0, 0.0, 0.0, -0.5, -1.0, -1.0, -1.0]))
+    ref = [0.0 if L <= 12 else ((12 - L) / 4 if L <= 16 else -1.0) for L in lengths.tolist()]
+    assert torch.allclose(got, torch.tensor(ref))
+    many = tc.overlong_penalty(torch.arange(0, 40), max_len=30, cache_len=7)
+    assert many.min() >= -1 and many.max() <= 0
+    assert (many[1:] <= many[:-1]).all()  # never rewards being longer
+
+
+# -----------------------------------------------------------------------------
+# dynamic sampling
+
+def test_informative_groups():
+    rewards = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [-1.0, -1.0, 1.0]])
+    assert tc.informative_groups(rewards).tolist() == [False, False, True, True]
+    g = torch.Generator().manual_seed(2)
+    rewards = torch.randint(0, 2, (50, 4), generator=g).float()
+    loop = [0 < int(sum(row)) < 4 for row in rewards.tolist()]  # 0 < #correct < G
+    assert tc.informative_groups(rewards).tolist() == loop
+
+
+class FakeSampler:
+    """Returns `per_round` groups per call; group k's informativeness follows `pattern`."""
+
+    def __init__(self, pattern, per_round=4, G=3):
+        self.pattern, self.per_round, self.G, self.calls, self.next_id = pattern, per_round, G, 0, 0
+
+    def __call__(self):
+        self.calls += 1
+        ids = torch.arange(self.next_id, self.next_id + self.per_round)
+        self.next_id += self.per_round
+        rewards = torch.stack([torch.tensor([0.0, 1.0, 0.0]) if self.pattern(int(k)) else torch.zeros(self.G)
+                               for k in ids])
+        return {"rewards": rewards, "group_id": ids, "tokens": ids[:, None, None].expand(-1, self.G, 5)}
+
+
+def test_fill_batch_fills_exactly_and_drops_surplus():
+    sampler = FakeSampler(pattern=lambda k: k % 2 == 0)  # every other group informative, 2 per round
+    batch, stats = tc.fill_batch(sampler, batch_size=5, max_rounds=10)
+    assert batch["group_id"].tolist() == [0, 2, 4, 6, 8]  # in order, the surplus (10) dropped
+    assert batch["rewards"].shape == (5, 3) and batch["tokens"].shape == (5, 3, 5)
+    assert stats == dict(rounds=3, groups_seen=12, groups_informative=6, groups_kept=5, full=1)
+    assert sampler.calls == 3
+
+
+def test_fill_batch_survives_uninformative_sampler():
+    sampler = FakeSampler(pattern=lambda k: False)  # too easy or too hard: nothing to learn
+    batch, stats = tc.fill_batch(sampler, batch_size=4, max_rounds=3)
+    assert stats == dict(rounds=3, groups_seen=12, groups_informative=0, groups_kept=0, full=0)
+    assert batch["rewards"].shape == (0, 3) and batch["tokens"].shape == (0, 3, 5)
+    sparse = FakeSampler(pattern=lambda k: k == 5)  # one informative group ever
+    batch, stats = tc.fill_batch(sparse, batch_size=4, max_rounds=3)
+    assert batch["group_id"].tolist() == [5] and stats["full"] == 0 and stats["rounds"] == 3
+
+
+def test_fill_batch_bad_sampler():
+    with pytest.raises(ValueError, match="leading dimension b = 2"):
+        tc.fill_batch(lambda: {"rewards": torch.zeros(2, 3), "x": torch.zeros(3)}, 2, 2)
+    with pytest.raises(ValueError, match="key 'rewards'"):
+        tc.fill_batch(lambda: {"r": torch.zeros(2, 3)}, 2, 2)
+    with pytest.raises(ValueError, match="max_rounds must be a positive int, got 0"):
+        tc.fill_batch(FakeSampler(lambda k: True), 2, 0)
+
+
+# -----------------------------------------------------------------------------
+# per-token quantities
+
+def test_token_logprobs_hand_worked_and_float32():
+    logits = torch.tensor([[[0.0, math.log(3.0)], [2.0, 2.0]]])  # (1, 2, 2): p = (1/4, 3/4), (1/2, 1/2)
+    targets = torch.tensor([[1, 0]])
+    got = tc.token_logprobs(logits, targets)
+    assert torch.allclose(got, torch.tensor([[math.log(0.75), math.log(0.5)]]))
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 5, 7, generator=g)
+    targets = torch.randint(0, 7, (3, 5), generator=g)
+    ref = torch.tensor([[math.log(torch.softmax(logits[n, t], -1)[targets[n, t]]) for t in range(5)]
+                        for n in range(3)])
+    assert torch.allclose(tc.token_logprobs(logits, targets), ref, atol=1e-6)
+    got_bf16 = tc.token_logprobs(logits.bfloat16(), targets)
+    assert got_bf16.dtype == torch.float32
+    assert torch.allclose(got_bf16, tc.token_logprobs(logits.bfloat16().float(), targets))
+
+
+def test_masked_entropy():
+    logits = torch.tensor([[[0.0, 0.0], [0.0, 100.0], [5.0, 5.0]]])  # H = log 2, ~0, log 2 (padding)
+    mask = torch.tensor([[1, 1, 0]])
+    assert torch.allclose(tc.masked_entropy(logits, mask), torch.tensor(math.log(2) / 2), atol=1e-6)
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 6, 9, generator=g)
+    mask = random_mask(4, 6, g)
+    values = []
+    for n in range(4):
+        for t in range(6):
+            if mask[n, t]:
+                p = torch.softmax(logits[n, t], -1).tolist()
+                values.append(-sum(q * math.log(q) for q in p))
+    assert torch.allclose(tc.masked_entropy(logits, mask), torch.tensor(sum(values) / len(values)), atol=1e-5)
+    assert tc.masked_entropy(logits, torch.zeros(4, 6)).item() == 0.0
+
+
+def test_clipped_surrogate_hand_worked():
+    logp = torch.log(torch.tensor([[1.5, 1.1, 0.5, 0.9]]))  # old_logp = 0, so rho = these
+    old = torch.zeros(1, 4)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    # rho 1.5, A=+1: clipped at 1.2 -> -1.2 ; rho 1.1, A=+1: -1.1
+    # rho 0.5, A=-1: min(-0.5, -0.8) = -0.8 -> 0.8 ; rho 0.9, A=-1: 0.9
+    got = tc.clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2)
+    assert torch.allclose(got, torch.tensor([[-1.2, -1.1, 0.8, 0.9]]))
+    higher = tc.clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.28)  # Clip-Higher
+    assert torch.allclose(higher, torch.tensor([[-1.28, -1.1, 0.8, 0.9]]))
+    broadcast = tc.clipped_surrogate(logp, old, torch.tensor([2.0]))
+    assert torch.allclose(broadcast, tc.clipped_surrogate(logp, old, torch.full((1, 4), 2.0)))
+
+
+def test_kl_k3():
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]])
+    ref = torch.tensor([[math.log(0.5), math.log(0.5)]])
+    # equal -> 0 ; r = 0.5/0.25 = 2 -> 2 - log 2 - 1
+    assert torch.allclose(tc.kl_k3(logp, ref), torch.tensor([[0.0, 1 - math.log(2)]]))
+    g = torch.Generator().manual_seed(5)
+    assert (tc.kl_k3(torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)) >= 0).all()
+
+
+# -----------------------------------------------------------------------------
+# aggregation: who gets credit for a long answer
+
+def seed000_mask():
+    """One group: a 100-token response and a 1000-token one (seed 000's example)."""
+    mask = torch.zeros(2, 1000)
+    mask[0, :100] = 1
+    mask[1, :] = 1
+    return mask
+
+
+def test_seed000_short_token_weighs_ten_times_long_token_under_sample():
+    mask = seed000_mask()
+    sample = tc.token_weights(mask, "sample")
+    assert sample[0, 0].item() == pytest.approx(1 / 200)  # 1 / (N |o_1|) = 1 / (2 * 100)
+    assert sample[1, 0].item() == pytest.approx(1 / 2000)
+    assert sample[0, 0] / sample[1, 0] == pytest.approx(10.0)
+    for mode in ("token", "group_token"):
+        w = tc.token_weights(mask, mode, group_size=2)
+        assert w[0, 0].item() == pytest.approx(1 / 1100) and w[1, 0].item() == pytest.approx(1 / 1100)
+    constant = tc.token_weights(mask, "constant", max_len=1000)
+    assert constant[0, 0].item() == pytest.approx(1 / 2000) == constant[1, 0].item()
+    # each response's share of the update: half and half under "sample", 1:10 under "token"
+    assert sample.sum(dim=1).tolist() == pytest.approx([0.5, 0.5])
+    assert tc.token_weights(mask, "token").sum(dim=1).tolist() == pytest.approx([100 / 1100, 1000 / 1100])
+    assert sample[0, 100:].abs().sum() == 0  # padding gets nothing
+
+
+def test_token_weights_invariants():
+    g = torch.Generator().manual_seed(6)
+    mask = random_mask(12, 9, g)
+    for mode in ("sample", "token", "group_token"):
+        assert tc.token_weights(mask, mode, group_size=4).sum().item() == pytest.approx(1.0)
+    equal = torch.ones(6, 5)
+    assert torch.allclose(tc.token_weights(equal, "sample"), tc.token_weights(equal, "token"))
+    one_group = random_mask(5, 7, g)
+    assert torch.allclose(tc.token_weights(one_group, "group_token", group_size=5),
+                          tc.token_weights(one_group, "token"))
+    # "group_token" gives every group the same share 1/B, whatever its lengths
+    per_group = tc.token_weights(mask, "group_token", group_size=4).sum(dim=1).view(3, 4).sum(dim=1)
+    assert torch.allclose(per_group, torch.full((3,), 1 / 3))
+    # an empty response gets zeros, not NaN
+    mask[3] = False
+    for mode in ("sample", "token", "group_token"):
+        w = tc.token_weights(mask, mode, group_size=4)
+        assert torch.isfinite(w).all() and w[3].sum() == 0
+
+
+@pytest.mark.parametrize("mode", tc.AGGREGATION_MODES)
+def test_policy_loss_matches_loop_reference(mode):
+    g = torch.Generator().manual_seed(7)
+    B, G, T = 3, 4, 10
+    N = B * G
+    mask = random_mask(N, T, g)
+    logp = -torch.rand(N, T, generator=g, dtype=torch.float64) * 2
+    old = logp + 0.4 * torch.randn(N, T, generator=g, dtype=torch.float64)  # ratios on both sides of the clip
+    ref_logp = logp + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    for adv in (torch.randn(N, generator=g, dtype=torch.float64), torch.randn(N, T, generator=g, dtype=torch.float64)):
+        for beta in (0.0, 0.04):
+            loss, _ = tc.policy_loss(logp, old, adv, mask, mode=mode, eps_low=0.2, eps_high=0.28,
+                                     group_size=G, max_len=T, ref_logp=ref_logp, beta=beta)
+            expected = ref_loss(logp, old, adv, mask, mode, 0.2, 0.28, G, T, ref_logp, beta)
+            assert loss.item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+            assert tc.aggregate(tc.clipped_surrogate(logp, old, adv, 0.2, 0.28) if beta == 0 else
+                                tc.clipped_surrogate(logp, old, adv, 0.2, 0.28) + beta * tc.kl_k3(logp, ref_logp),
+                                mask, mode, G, T).item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", tc.AGGREGATION_MODES)
+def test_on_policy_gradient_is_minus_weight_times_advantage(mode):
+    g = torch.Generator().manual_seed(8)
+    N, T, G = 8, 6, 4
+    mask = random_mask(N, T, g)
+    old = -torch.rand(N, T, generator=g, dtype=torch.float64)
+    logp = old.clone().requires_grad_()
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    loss, _ = tc.policy_loss(logp, old, adv, mask, mode=mode, group_size=G, max_len=T)
+    loss.backward()
+    expected = -tc.token_weights(mask, mode, group_size=G, max_len=T).double() * adv[:, None]
+    assert torch.allclose(logp.grad, expected, atol=1e-12)
+
+
+def test_padding_garbage_changes_no_loss_and_no_gradient():
+    g = torch.Generator().manual_seed(9)
+    N, T = 6, 8
+    mask = random_mask(N, T, g, min_len=2)
+    mask[0, :] = True
+    logp = -torch.rand(N, T, generator=g)
+    old = logp + 0.3 * torch.randn(N, T, generator=g)
+    ref_logp = logp + 0.3 * torch.randn(N, T, generator=g)
+    adv = torch.randn(N, T, generator=g)
+    garbage = [float("nan"), float("inf"), -float("inf"), 1e30]
+    results = []
+    for fill in [None] + garbage:
+        tensors = [x.clone() for x in (logp, old, ref_logp, adv)]
+        if fill is not None:
+            for x in tensors:
+                x[~mask] = fill
+        leaf = tensors[0].requires_grad_()
+        loss, stats = tc.policy_loss(leaf, tensors[1], tensors[3], mask, mode="token", ref_logp=tensors[2],
+                                     beta=0.1)
+        loss.backward()
+        results.append((loss.detach(), leaf.grad, stats))
+    for loss, grad, stats in results[1:]:
+        assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
+        assert stats == results[0][2]
+    assert torch.isfinite(results[0][1]).all()
+
+
+def test_clip_fractions_counted_at_both_bounds():
+    # rho:           1.5   1.1   0.5   0.9   1.3   0.7   (padding)
+    # A:             +1    +1    -1    -1    -1    +1     +1
+    # high clip: A>0 and rho>1.2 -> token 0 ; low clip: A<0 and rho<0.8 -> token 2
+    # (token 4 has rho above the range but A<0: unclipped branch is the min, it is not clipped;
+    #  token 5 likewise below the range with A>0)
+    rho = torch.tensor([[1.5, 1.1, 0.5, 0.9, 1.3, 0.7, 3.0]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    _, stats = tc.policy_loss(torch.log(rho), torch.zeros(1, 7), adv, mask, mode="token")
+    assert stats["clip_frac_high"] == pytest.approx(1 / 6)
+    assert stats["clip_frac_low"] == pytest.approx(1 / 6)
+    assert stats["num_tokens"] == 6
+    assert stats["ratio_mean"] == pytest.approx((1.5 + 1.1 + 0.5 + 0.9 + 1.3 + 0.7) / 6)
+    _, higher = tc.policy_loss(torch.log(rho), torch.zeros(1, 7), adv, mask, mode="token", eps_high=0.6)
+    assert higher["clip_frac_high"] == 0.0  # Clip-Higher lets token 0 through
+
+
+# -----------------------------------------------------------------------------
+# CSCR
+
+def test_cscr_hand_worked():
+    # one response of 3 real tokens, s = (0, 1, 2), strength 1, threshold 0.5:
+    # raw w = (1, e^-0.5, e^-1.5); renormalised to mean 1 over the 3 tokens
+    s = torch.tensor([[0.0, 1.0, 2.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    raw = [1.0, math.exp(-0.5), math.exp(-1.5)]
+    expected = [3 * r / sum(raw) for r in raw] + [0.0]
+    w = tc.cscr_weights(s, mask, strength=1.0, threshold=0.5)
+    assert torch.allclose(w, torch.tensor([expected]), atol=1e-6)
+    adv = tc.cscr_advantages(torch.tensor([-2.0]), w)
+    assert torch.allclose(adv, -2 * torch.tensor([expected]), atol=1e-6)
+    assert adv.sum().item() == pytest.approx(3 * -2.0)  # budget |o_i| * A_i
+
+
+def test_counterfactual_shifts_and_sensitivity_hand_worked():
+    logp = torch.tensor([[-1.0, -2.0, -0.5]])
+    pos = torch.tensor([[-0.5, -2.5, -0.5]])
+    neg = torch.tensor([[-0.8, -1.0, -3.0]])
+    d_pos, d_neg = tc.counterfactual_shifts(logp, pos, neg, mask=torch.tensor([[1, 1, 0]]))
+    assert torch.allclose(d_pos, torch.tensor([[0.5, -0.5, 0.0]]))
+    assert torch.allclose(d_neg, torch.tensor([[0.2, 1.0, 0.0]]))
+    assert torch.allclose(tc.counterfactual_sensitivity(d_pos, d_neg), torch.tensor([[0.5, 1.0, 0.0]]))
+    diag = tc.shift_diagnostics(d_pos, d_neg, torch.tensor([[1, 1, 0]]))
+    assert diag["same_direction"] == pytest.approx(0.5) and diag["sign_reversal"] == pytest.approx(0.5)
+    assert diag["mean_abs_pos"] == pytest.approx(0.5) and diag["mean_abs_neg"] == pytest.approx(0.6)
+    assert diag["mean_sensitivity"] == pytest.approx(0.75) and diag["num_tokens"] == 2
+
+
+def test_shift_diagnostics_matches_loop_reference():
+    g = torch.Generator().manual_seed(10)
+    d_pos, d_neg = torch.randn(7, 9, generator=g), torch.randn(7, 9, generator=g)
+    d_neg[0, 0] = 0.0  # counts as neither
+    mask = random_mask(7, 9, g)
+    pairs = [(float(d_pos[i, t]), float(d_neg[i, t])) for i in range(7) for t in range(9) if mask[i, t]]
+    diag = tc.shift_diagnostics(d_pos, d_neg, mask)
+    assert diag["same_direction"] == pytest.approx(sum(a * b > 0 for a, b in pairs) / len(pairs))
+    assert diag["sign_reversal"] == pytest.approx(sum(a * b < 0 for a, b in pairs) / len(pairs))
+    assert diag["mean_abs_neg"] == pytest.approx(sum(abs(b) for _, b in pairs) / len(pairs), rel=1e-5)
+    assert diag["mean_sensitivity"] == pytest.approx(sum(max(abs(a), abs(b)) for a, b in pairs) / len(pairs),
+                                                     rel=1e-5)
+
+
+def test_cscr_weights_match_loop_reference_and_keep_budget_and_sign():
+    g = torch.Generator().manual_seed(11)
+    N, T = 10, 12
+    mask = random_mask(N, T, g)
+    s = torch.rand(N, T, generator=g) * 3
+    for strength, threshold in [(0.5, 0.0), (2.0, 0.5), (0.0, 0.0)]:
+        w = tc.cscr_weights(s, mask, strength, threshold)
+        assert torch.allclose(w, ref_cscr_weights(s, mask, strength, threshold), atol=1e-5)
+        adv = torch.randn(N, generator=g)
+        token_adv = tc.cscr_advantages(adv, w)
+        lengths = mask.sum(dim=1).float()
+        assert torch.allclose(token_adv.sum(dim=1), lengths * adv, atol=1e-4)  # budget
+        assert (torch.sign(token_adv)[mask] == torch.sign(adv)[:, None].expand(N, T)[mask]).all()  # sign
+        assert (token_adv[~mask] == 0).all()
+    # more sensitive -> less credit, within a response
+    w = tc.cscr_weights(s, mask, 1.0, 0.0)
+    for i in range(N):
+        real = mask[i].nonzero().squeeze(1)
+        order = s[i, real].argsort()
+        assert (w[i, real][order].diff() <= 1e-6).all()
+
+
+def test_cscr_uniform_sensitivity_and_edge_cases():
+    g = torch.Generator().manual_seed(12)
+    mask = random_mask(5, 6, g)
+    uniform = torch.full((5, 6), 1.7)
+    assert torch.allclose(tc.cscr_weights(uniform, mask, strength=3.0, threshold=0.0), mask.float())
+    mask[2] = False  # a response with no real token
+    w = tc.cscr_weights(torch.rand(5, 6, generator=g), mask, strength=1.0)
+    assert torch.isfinite(w).all() and w[2].sum() == 0
+    huge = tc.cscr_weights(torch.tensor([[0.0, 1000.0, 2000.0]]), torch.ones(1, 3), strength=50.0)
+    assert torch.isfinite(huge).all() and huge.sum().item() == pytest.approx(3.0)  # no underflow to 0/0
+
+
+@pytest.mark.parametrize("mode", tc.AGGREGATION_MODES)
+def test_cscr_strength_zero_is_grpo(mode):
+    g = torch.Generator().manual_seed(13)
+    N, T, G = 8, 7, 4
+    mask = random_mask(N, T, g)
+    old = -torch.rand(N, T, generator=g)
+    logp_true = old + 0.3 * torch.randn(N, T, generator=g)
+    adv = tc.group_advantages(torch.randint(0, 2, (N // G, G), generator=g).float()).flatten()
+    sensitivity = torch.rand(N, T, generator=g) * 4
+    results = []
+    for token_adv in (adv, tc.cscr_advantages(adv, tc.cscr_weights(sensitivity, mask, strength=0.0))):
+        logp = logp_true.clone().requires_grad_()
+        loss, _ = tc.policy_loss(logp, old, token_adv, mask, mode=mode, group_size=G, max_len=T)
+        loss.backward()
+        results.append((loss.detach(), logp.grad))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-7)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-7)
+    # and a positive strength really changes the gradient (the test can fail)
+    logp = logp_true.clone().requires_grad_()
+    loss, _ = tc.policy_loss(logp, old, tc.cscr_advantages(adv, tc.cscr_weights(sensitivity, mask, 1.0)),
+                             mask, mode=mode, group_size=G, max_len=T)
+    loss.backward()
+    assert not torch.allclose(logp.grad, results[0][1], atol=1e-4)
+
+
+# -----------------------------------------------------------------------------
+# self-distillation baseline
+
+def test_self_distillation_loss():
+    # one token: teacher p = (3/4, 1/4), student p = (1/2, 1/2)
+    teacher = torch.log(torch.tensor([[[0.75, 0.25]]]))
+    student = torch.zeros(1, 1, 2, requires_grad=True)
+    loss = tc.self_distillation_loss(student, teacher, torch.ones(1, 1), mode="token")
+    expected = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    loss.backward()
+    assert torch.allclose(student.grad, torch.tensor([[[0.5 - 0.75, 0.5 - 0.25]]]))  # p_student - p_teacher
+    g = torch.Generator().manual_seed(14)
+    s_logits = torch.randn(4, 5, 6, generator=g).requires_grad_()
+    t_logits = torch.randn(4, 5, 6, generator=g).requires_grad_()
+    mask = random_mask(4, 5, g)
+    kl = [[sum(pt * (math.log(pt) - math.log(ps))
+               for pt, ps in zip(torch.softmax(t_logits[i, t], -1).tolist(), torch.softmax(s_logits[i, t], -1).tolist()))
+           for t in range(5)] for i in range(4)]
+    for mode in ("sample", "token"):
+        got = tc.self_distillation_loss(s_logits, t_logits, mask, mode=mode)
+        assert got.item() == pytest.approx(tc.aggregate(torch.tensor(kl), mask, mode).item(), rel=1e-5)
+    got.backward()
+    assert t_logits.grad is None and s_logits.grad is not None  # no gradient into the teacher
+    same = tc.self_distillation_loss(s_logits, s_logits, mask)
+    assert same.item() == pytest.approx(0.0, abs=1e-6)
+
+
+# -----------------------------------------------------------------------------
+# bad input: a ValueError that names what was expected and what came
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: tc.group_advantages(torch.zeros(4)), r"rewards must have 2 dimensions \(B, G\), got shape \(4,\)"),
+    (lambda: tc.group_advantages(torch.tensor([[1.0, float("nan")]])), "rewards must be finite.*nan"),
+    (lambda: tc.group_advantages(torch.tensor([[1.0, float("inf")]])), "rewards must be finite.*inf"),
+    (lambda: tc.group_advantages(torch.zeros(2, 2), scale="mad"), r"scale must be one of \('std', 'none'\), got 'mad'"),
+    (lambda: tc.informative_groups([[0, 1]]), "rewards must be a torch.Tensor of shape \\(B, G\\), got list"),
+    (lambda: tc.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=5), r"cache_len must be an int in \(0, max_len = 4\], got 5"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "sequence"), "mode must be one of .*'sample'.*got 'sequence'"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant"), "mode 'constant' needs max_len.*got None"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=2), "max_len >= the longest response = 3, got 2"),
+    (lambda: tc.token_weights(torch.ones(6, 3), "group_token", group_size=4), "group_size.*dividing N = 6, got 4"),
+    (lambda: tc.token_weights(torch.full((2, 3), 2.0), "token"), "mask must hold only 0 and 1, got value 2.0"),
+    (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 12), torch.zeros(8), torch.ones(8, 11)),
+     r"mask must have the same shape as logp: \(N, T\) = \(8, 12\), got \(8, 11\)"),
+    (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 11), torch.zeros(8), torch.ones(8, 12)),
+     r"old_logp must have the same shape as logp: \(N, T\) = \(8, 12\), got \(8, 11\)"),
+    (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 12), torch.zeros(7), torch.ones(8, 12)),
+     r"advantages of shape \(N,\) must have N = 8 rows like mask, got \(7,\)"),
+    (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 12), torch.zeros(8), torch.ones(8, 12), beta=0.1),
+     "beta > 0 needs ref_logp"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.full((2, 3), float("nan")), torch.zeros(2), torch.ones(2, 3)),
+     "old_logp must be finite on real tokens, got nan at index \\(0, 0\\)"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), mode="seq"),
+     "mode must be one of"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3, 1), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3)),
+     r"logp must have 2 dimensions \(N, T\), got shape \(2, 3, 1\)"),
+    (lambda: tc.clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), eps_low=1.0), r"eps_low must be in \[0, 1\), got 1.0"),
+    (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.full((2, 3), 5)), r"token ids in \[0, V = 5\), got range \[5, 5\]"),
+    (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long)), r"\(N, T\) = \(2, 3\), got \(2, 4\)"),
+    (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3)), "integer token ids, got dtype torch.float32"),
+    (lambda: tc.cscr_weights(torch.zeros(2, 3), torch.ones(2, 3), strength=-1.0), "strength must be a finite number >= 0, got -1.0"),
+    (lambda: tc.cscr_weights(torch.full((2, 3), -1.0), torch.ones(2, 3), strength=1.0), "sensitivity must be >= 0 on real tokens, got -1.0"),
+    (lambda: tc.cscr_advantages(torch.zeros(3), torch.ones(2, 4)), r"weights must have N = 3 rows like advantages, got shape \(2, 4\)"),
+    (lambda: tc.cscr_advantages(torch.zeros(3, 1), torch.ones(3, 4)), r"advantages must have 1 dimensions \(N,\), got shape \(3, 1\)"),
+    (lambda: tc.counterfactual_shifts(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 3)), r"logp_neg must have the same shape as logp: \(N, T\) = \(2, 3\), got \(3, 3\)"),
+    (lambda: tc.shift_diagnostics(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2)), r"mask must have the same shape as d_pos: \(N, T\) = \(2, 3\), got \(2, 2\)"),
+    (lambda: tc.self_distillation_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), torch.ones(2, 3)), r"teacher_logits must have the same shape as student_logits: \(N, T, V\) = \(2, 3, 4\), got \(2, 3, 5\)"),
+    (lambda: tc.masked_entropy(torch.zeros(2, 3, 4), torch.ones(3, 3)), r"mask must have the same shape as logits' first two dimensions: \(N, T\) = \(2, 3\), got \(3, 3\)"),
+])
+def test_bad_input_raises_clear_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
