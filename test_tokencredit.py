@@ -553,3 +553,174 @@ def test_self_distillation_loss():
 def test_bad_input_raises_clear_value_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# =============================================================================
+# train_tiny.py: the task, the verifier and the training path
+
+import json
+import os
+
+import train_tiny as tt
+
+
+def test_render_solution_and_slip():
+    assert tt.render_problem([6, 9, 8]) == "6+9+8="
+    assert tt.render_solution([6, 9, 8]) == "6+9=15,15+8=23>23"
+    assert tt.render_solution([3, 4]) == "3+4=7>7"
+    # a slip at step 0 of +1 is carried forward to the answer
+    assert tt.render_solution([6, 9, 8], slip=(0, 1)) == "6+9=16,16+8=24>24"
+    rng = __import__("random").Random(0)
+    for _ in range(50):
+        terms = [rng.randint(0, 9) for _ in range(rng.randint(2, 6))]
+        slip = tt.corrupt(terms, rng)
+        wrong = tt.render_solution(terms, slip)
+        assert tt.verify(terms, tt.render_solution(terms), True)
+        assert not tt.verify(terms, wrong, True) or slip[1] < 0 and sum(terms) + slip[1] < 0
+
+
+@pytest.mark.parametrize("response, complete, expected", [
+    ("6+9=15,15+8=23>23", True, True),      # right
+    ("6+9=15,15+8=24>24", True, False),     # wrong answer
+    ("garbage>23", True, True),             # outcome reward: only the final answer is checked
+    ("6+9=15,15+8=23>23", False, False),    # truncated: never produced <eos>
+    ("6+9=15,15+8=23", True, False),        # malformed: no '>'
+    ("6+9=15>15>23", True, False),          # malformed: two '>'
+    (">", True, False),                     # malformed: no digits
+    ("6+9=15,15+8=23>23,", True, False),    # extra tokens after the answer
+    ("6+9=15,15+8=23>023", True, True),     # the number 23, with a leading zero
+    ("", True, False),                      # empty
+])
+def test_verify(response, complete, expected):
+    assert tt.verify([6, 9, 8], response, complete) is expected
+
+
+def test_response_mask_and_token_classes():
+    tok = tt.build_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    ids = [tok.convert_tokens_to_ids(c) for c in "3+4=7>7"] + [eos]
+    responses = torch.tensor([ids + [pad, pad], ids[:5] + [eos, 5, 6, 7, 8]])
+    mask, complete = tt.response_mask(responses, eos)
+    assert mask.sum(dim=1).tolist() == [8, 6] and complete.tolist() == [True, True]
+    no_eos = torch.tensor([ids[:7] + [5, 6, 7]])
+    mask, complete = tt.response_mask(no_eos, eos)
+    assert mask.all() and complete.tolist() == [False]
+    classes = tt.token_classes(tok, torch.tensor([ids]))[0].tolist()
+    # 3 + 4 = 7 > 7 eos : intermediate, operator, intermediate, operator, intermediate, format, answer, format
+    assert classes == [1, 2, 1, 2, 1, 3, 0, 3]
+
+
+TINY = ["--quick", "--warmup-steps", "30", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--steps", "2",
+        "--prompts-per-step", "2", "--group-size", "3", "--eval-size", "8", "--eval-every", "1",
+        "--max-new-tokens", "24", "--max-terms", "3", "--log-every", "1"]
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_smoke_every_method_writes_its_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    results = tt.main(TINY + ["--name", "smoke", "--seeds", "0,1"])
+    out = capsys.readouterr().out
+    assert "device: cpu" in out and "| method |" in out
+    run = tmp_path / "runs" / "smoke"
+    for name in ("metrics.jsonl", "results.json", "curves.png", "credit.png"):
+        assert (run / name).stat().st_size > 0, name
+    records = read_metrics(run / "metrics.jsonl")
+    assert len(records) == 5 * 2 * 2  # methods x seeds x steps
+    assert {r["method"] for r in records} == set(tt.PRESETS)
+    assert [r["method"] for r in results["table"]] == list(tt.PRESETS)
+    assert all(r["seeds"] == 2 and 0 <= r["final_accuracy"] <= 1 for r in results["table"])
+    on_disk = json.loads((run / "results.json").read_text())
+    assert on_disk["table"] == json.loads(json.dumps(results["table"]))
+    diag = results["diagnosis"]
+    assert diag["all"]["same_direction"] + diag["all"]["sign_reversal"] == pytest.approx(1.0, abs=0.05)
+    assert set(diag["by_class"]) == set(tt.CLASSES)
+    # the cached warm-up is reused: a second run does not train it again
+    tt.main(TINY + ["--name", "again", "--methods", "grpo"])
+    assert "warm-up: reusing" in capsys.readouterr().out
+
+
+def test_presets_and_overrides():
+    base, overrides = tt.parse_args(["--methods", "grpo,dapo", "--eps-high", "0.5", "--steps", "7"])
+    grpo, dapo = (tt.method_args(base, m, overrides) for m in ("grpo", "dapo"))
+    assert base.steps == 7 and grpo.steps == 7
+    assert grpo.eps_high == 0.5 and dapo.eps_high == 0.5  # the user's value beats every preset
+    assert grpo.loss_mode == "sample" and dapo.loss_mode == "token" and dapo.dynamic_sampling
+    assert dapo.reward_wrong == -1.0 and grpo.reward_wrong == 0.0
+    assert tt.method_args(base, "drgrpo", {}).loss_mode == "constant"
+    runs = tt.expand_methods(*tt.parse_args(["--methods", "cscr", "--cscr-strength", "0,0.5,4"]))
+    assert [label for label, _ in runs] == ["cscr@0", "cscr@0.5", "cscr@4"]
+    assert [a.cscr_strength for _, a in runs] == ["0.0", "0.5", "4.0"]
+
+
+def test_same_seed_same_metrics(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = TINY + ["--methods", "dapo,cscr"]
+    tt.main(argv + ["--name", "a"])
+    tt.main(argv + ["--name", "b"])
+    drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("t_")}
+    a = [drop_times(r) for r in read_metrics(tmp_path / "runs" / "a" / "metrics.jsonl")]
+    b = [drop_times(r) for r in read_metrics(tmp_path / "runs" / "b" / "metrics.jsonl")]
+    assert a == b and len(a) == 4
+
+
+def test_interrupt_still_writes_summary(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real_step = tt.train_step
+
+    def interrupt_at_second_step(step, *args, **kwargs):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real_step(step, *args, **kwargs)
+
+    monkeypatch.setattr(tt, "train_step", interrupt_at_second_step)
+    results = tt.main(TINY + ["--name", "stopped", "--steps", "5"])
+    assert results["interrupted"] and len(results["runs"]) == 1  # stops after the interrupted method
+    on_disk = json.loads((tmp_path / "runs" / "stopped" / "results.json").read_text())
+    assert on_disk["runs"][0]["steps"] == 1 and on_disk["runs"][0]["interrupted"]
+    assert len(read_metrics(tmp_path / "runs" / "stopped" / "metrics.jsonl")) == 1
+
+
+def test_model_dir_loads_a_saved_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = tt.Args(n_layer=1, n_embd=32, n_head=2)
+    tokenizer = tt.build_tokenizer()
+    tt.build_tiny_model(args, tokenizer).save_pretrained(tmp_path / "my-model")
+    tokenizer.save_pretrained(tmp_path / "my-model")
+    results = tt.main(TINY + ["--name", "loaded", "--model", str(tmp_path / "my-model"), "--methods", "grpo,cscr",
+                              "--prompt-template", "{problem}", "--cond-pos", "Y", "--cond-neg", "N"])
+    assert f"loading {tmp_path / 'my-model'}" in capsys.readouterr().out
+    assert results["warmup_path"] == str(tmp_path / "my-model") and len(results["runs"]) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "grpo,ppo"], "unknown method 'ppo'"),
+    (["--group-size", "1"], "--group-size must be >= 2"),
+    (["--steps", "-3"], "--steps must be >= 0, got -3"),
+    (["--loss-mode", "seq"], "--loss-mode must be one of"),
+    (["--cscr-strength", "1,x"], "--cscr-strength must be a comma-separated list of float, got '1,x'"),
+    (["--prompt-template", "no slot"], "must contain {problem}"),
+])
+def test_bad_arguments(argv, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        tt.parse_args(argv)
+
+
+def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device cuda was asked for, but torch.cuda.is_available\\(\\) is False"):
+        tt.pick_device("cuda")
+    assert tt.pick_device("auto").type in ("cpu", "mps")
+
+
+def test_command_line_error_is_one_line():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "train_tiny.py", "--methods", "ppo"], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert done.returncode == 1
+    assert done.stderr.strip().startswith("train_tiny.py: error: --methods: unknown method 'ppo'")
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,901 @@
+"""train_tiny.py: watch GRPO, Dr. GRPO, DAPO, CSCR and OPSD hand out credit on a tiny task.
+
+A small GPT-2-style model (about 0.6 M parameters, built from a config, nothing
+downloaded) learns to add 2 to 6 one-digit numbers by writing running partial sums.
+Every algorithmic step comes from tokencredit.py; this file only samples,
+scores and updates.
+
+Task encoding (one character per token):
+    prompt    "6+9+8="                      the problem
+    response  "6+9=15,15+8=23>23<eos>"      partial sums, then ">" and the final answer
+A 2-number problem has a response of about 8 tokens, a 6-number one of about
+40: lengths vary five-fold, so "sample" and "token" aggregation differ.
+An exact verifier reads the digits after the single ">" of a response that
+ended with <eos>; anything else (malformed, truncated, extra text) is wrong.
+
+Privileged outcome conditions (for CSCR and OPSD): during the supervised
+warm-up, a correct solution is sometimes preceded by the tag "Y" and a
+corrupted one (an arithmetic slip, carried forward) by "N", so the model
+learns what "this answer is correct / incorrect" means. Unconditioned prompts
+are followed by correct solutions only.
+
+    python train_tiny.py                 # warm-up, then every method, about 10 min on 2 CPU cores
+    python train_tiny.py --quick         # the same in about a minute, for a first look
+    python train_tiny.py --help          # every argument
+"""
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+import tokencredit as tc
+
+PRESETS: Dict[str, Dict[str, object]] = {
+    # GRPO [arXiv 2402.03300]: std-normalised advantages, mean over each response then over responses
+    "grpo": dict(adv_scale="std", loss_mode="sample", eps_low=0.2, eps_high=0.2),
+    # Dr. GRPO [arXiv 2503.20783]: no std, a constant denominator (the generation budget)
+    "drgrpo": dict(adv_scale="none", loss_mode="constant", eps_low=0.2, eps_high=0.2),
+    # DAPO [arXiv 2503.14476]: token-level mean, Clip-Higher, dynamic sampling, soft overlong, +-1 rewards
+    "dapo": dict(adv_scale="std", loss_mode="token", eps_low=0.2, eps_high=0.28, dynamic_sampling=True,
+                 overlong_shaping=True, reward_wrong=-1.0),
+    # CSCR [arXiv 2607.27888]: GRPO with sensitive tokens downweighted (our reading; moderate strength)
+    "cscr": dict(adv_scale="std", loss_mode="sample", eps_low=0.2, eps_high=0.2, cscr_strength="1.0"),
+    # OPSD, the CSCR paper's baseline: distil from the model told "this answer is correct", no reward
+    "opsd": dict(loss_mode="token", pg_coef=0.0, distill_coef=1.0),
+}
+
+
+@dataclass
+class Args:
+    # --- what to run
+    methods: str = "grpo,drgrpo,dapo,cscr,opsd"
+    """comma-separated presets to compare, from: grpo, drgrpo, dapo, cscr, opsd"""
+    seeds: str = "0"
+    """comma-separated seeds; each seed runs every method (the table reports mean and std)"""
+    name: str = "default"
+    """results go to runs/<name>/"""
+    device: str = "auto"
+    """auto (CUDA if present, else MPS, else CPU), cpu, cuda or mps"""
+    quick: bool = False
+    """a one-minute preset: a shorter warm-up, fewer and smaller steps, a smaller held-out set"""
+    # --- the task
+    min_terms: int = 2
+    """fewest numbers in a problem"""
+    max_terms: int = 6
+    """most numbers in a problem"""
+    max_value: int = 9
+    """numbers are drawn from 0..max_value"""
+    eval_size: int = 200
+    """held-out problems, scored with greedy decoding"""
+    eval_every: int = 10
+    """policy updates between held-out evaluations"""
+    # --- the model and its warm-up
+    model: str = ""
+    """a local transformers causal-LM directory (save_pretrained layout) to train instead of the tiny model"""
+    prompt_template: str = "{problem}"
+    """how a problem is rendered as text; must contain {problem}"""
+    cond_pos: str = "Y"
+    """text put before the prompt to assert 'this answer is correct' (CSCR's c+, OPSD's teacher)"""
+    cond_neg: str = "N"
+    """text put before the prompt to assert 'this answer is incorrect' (CSCR's c-)"""
+    n_layer: int = 3
+    """transformer blocks of the tiny model"""
+    n_embd: int = 128
+    """width of the tiny model"""
+    n_head: int = 4
+    """attention heads of the tiny model"""
+    warmup_steps: int = 300
+    """supervised steps that teach the format and some arithmetic (0 to skip)"""
+    warmup_batch: int = 64
+    """sequences per supervised step"""
+    warmup_lr: float = 2e-3
+    """learning rate of the warm-up"""
+    warmup_seed: int = 1234
+    """seed of the warm-up, shared by every method and every RL seed"""
+    # --- rollouts and updates
+    steps: int = 100
+    """policy updates per method"""
+    prompts_per_step: int = 8
+    """B: prompts (groups) per policy update"""
+    group_size: int = 8
+    """G: responses sampled per prompt"""
+    max_new_tokens: int = 48
+    """generation budget L_max; longer responses are truncated (and wrong)"""
+    temperature: float = 1.0
+    """sampling temperature of the rollouts"""
+    lr: float = 2e-4
+    """learning rate of the policy updates (AdamW)"""
+    update_epochs: int = 2
+    """passes over each rollout batch; the second one sees ratios away from 1, so the clip acts"""
+    log_every: int = 5
+    """policy updates between progress lines"""
+    # --- the method (set by the presets; any of them can be given to override)
+    adv_scale: str = "std"
+    """group advantage: std (GRPO) or none (Dr. GRPO)"""
+    loss_mode: str = "sample"
+    """token weights: sample, token, group_token or constant"""
+    eps_low: float = 0.2
+    """lower clip range: rho >= 1 - eps_low"""
+    eps_high: float = 0.2
+    """upper clip range: rho <= 1 + eps_high (DAPO's Clip-Higher uses 0.28)"""
+    reward_correct: float = 1.0
+    """reward of a verified answer"""
+    reward_wrong: float = 0.0
+    """reward of a wrong, malformed or truncated answer (DAPO uses -1)"""
+    dynamic_sampling: bool = False
+    """DAPO: resample until the batch holds prompts_per_step informative groups"""
+    max_sampling_rounds: int = 3
+    """dynamic sampling gives up after this many rounds and trains on what it has"""
+    overlong_shaping: bool = False
+    """DAPO: add the soft overlong penalty to the reward"""
+    overlong_cache: int = 8
+    """length of the soft overlong zone, L_cache"""
+    beta: float = 0.0
+    """weight of the k3 KL to the warm-up model (GRPO's paper used 0.04)"""
+    cscr_strength: str = "0"
+    """CSCR alpha; several comma-separated values run the strength ablation"""
+    cscr_threshold: float = 0.0
+    """CSCR tau: sensitivity below it is not downweighted"""
+    pg_coef: float = 1.0
+    """weight of the policy-gradient loss"""
+    distill_coef: float = 0.0
+    """weight of the self-distillation (OPSD) loss"""
+
+
+QUICK = dict(warmup_steps=200, steps=12, prompts_per_step=4, eval_size=64, eval_every=6, log_every=3)
+PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
+
+
+# -----------------------------------------------------------------------------
+# arguments
+
+def parse_args(argv: Optional[List[str]] = None):
+    """Return (base Args, explicit overrides). Presets apply under the overrides."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        doc = ARG_DOCS.get(f.name, "")
+        if f.type is bool or f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=f"{doc} (default: {f.default})")
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__)
+            parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=f.name.upper(),
+                                help=f"{doc} (default: {f.default})")
+    given = vars(parser.parse_args(argv))
+    base = Args()
+    if given.get("quick", False):
+        base = dataclasses.replace(base, **QUICK)
+    base = dataclasses.replace(base, **{k: v for k, v in given.items() if k not in PRESET_KEYS})
+    overrides = {k: v for k, v in given.items() if k in PRESET_KEYS}
+    validate_args(base, overrides)
+    return base, overrides
+
+
+def _field_docs() -> Dict[str, str]:
+    """The docstring under each Args field, read from this file's source."""
+    import inspect
+    source = inspect.getsource(Args)
+    return dict(re.findall(r"\n    (\w+): [^\n]*\n    \"\"\"(.*?)\"\"\"", source))
+
+
+ARG_DOCS = _field_docs()
+
+
+def method_args(base: Args, method: str, overrides: Dict[str, object]) -> Args:
+    """A method's full configuration: defaults, then its preset, then what the user gave."""
+    return dataclasses.replace(base, **{**PRESETS[method], **overrides})
+
+
+def validate_args(base: Args, overrides: Dict[str, object]) -> None:
+    def fail(message):
+        raise ValueError(message)
+
+    for method in base.methods.split(","):
+        if method not in PRESETS:
+            fail(f"--methods: unknown method {method!r}; expected a comma-separated list from {sorted(PRESETS)}")
+    parse_list(base.seeds, int, "--seeds")
+    if base.group_size < 2:
+        fail(f"--group-size must be >= 2 (a group needs two responses to compare), got {base.group_size}")
+    for name in ("steps", "warmup_steps"):
+        if getattr(base, name) < 0:
+            fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(base, name)}")
+    for name in ("prompts_per_step", "max_new_tokens", "eval_size", "eval_every", "log_every", "update_epochs",
+                 "warmup_batch", "max_sampling_rounds"):
+        if getattr(base, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(base, name)}")
+    if not 1 <= base.min_terms <= base.max_terms:
+        fail(f"--min-terms and --max-terms must satisfy 1 <= min <= max, got {base.min_terms} and {base.max_terms}")
+    if base.max_value < 1:
+        fail(f"--max-value must be >= 1, got {base.max_value}")
+    if base.device not in ("auto", "cpu", "cuda", "mps"):
+        fail(f"--device must be auto, cpu, cuda or mps, got {base.device!r}")
+    if "{problem}" not in base.prompt_template:
+        fail(f"--prompt-template must contain {{problem}}, got {base.prompt_template!r}")
+    if base.temperature <= 0:
+        fail(f"--temperature must be > 0, got {base.temperature}")
+    for method in base.methods.split(","):
+        a = method_args(base, method, overrides)
+        if a.adv_scale not in tc.ADVANTAGE_SCALES:
+            fail(f"--adv-scale must be one of {tc.ADVANTAGE_SCALES}, got {a.adv_scale!r}")
+        if a.loss_mode not in tc.AGGREGATION_MODES:
+            fail(f"--loss-mode must be one of {tc.AGGREGATION_MODES}, got {a.loss_mode!r}")
+        strengths = parse_list(a.cscr_strength, float, "--cscr-strength")
+        if any(s < 0 for s in strengths):
+            fail(f"--cscr-strength values must be >= 0, got {a.cscr_strength}")
+        if a.overlong_shaping and not 0 < a.overlong_cache <= a.max_new_tokens:
+            fail(f"--overlong-cache must be in (0, max_new_tokens = {a.max_new_tokens}], got {a.overlong_cache}")
+
+
+def parse_list(text: str, kind, flag: str) -> list:
+    try:
+        values = [kind(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma-separated list of {kind.__name__}, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{flag} must name at least one value, got {text!r}")
+    return values
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False "
+                         f"(torch {torch.__version__}); use --device cpu or auto")
+    mps = getattr(torch.backends, "mps", None)
+    if requested == "mps" and not (mps and mps.is_available()):
+        raise ValueError("--device mps was asked for, but MPS is not available; use --device cpu or auto")
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else ("mps" if mps and mps.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds CUDA when present
+
+
+# -----------------------------------------------------------------------------
+# the task: problems, solutions and the exact verifier
+
+def render_problem(terms: List[int]) -> str:
+    return "+".join(str(x) for x in terms) + "="
+
+
+def render_solution(terms: List[int], slip: Optional[tuple] = None) -> str:
+    """Running partial sums, then ">" and the answer. slip = (step, delta) adds an error, carried forward."""
+    steps, total = [], terms[0]
+    for k, x in enumerate(terms[1:]):
+        new_total = total + x
+        if slip is not None and slip[0] == k:
+            new_total = max(0, new_total + slip[1])
+        steps.append(f"{total}+{x}={new_total}")
+        total = new_total
+    if not steps:  # a one-number "sum"
+        return f">{total}"
+    return ",".join(steps) + f">{total}"
+
+
+ANSWER = re.compile(r"[^>]*>(\d{1,9})")
+
+
+def verify(terms: List[int], response: str, complete: bool) -> bool:
+    """True only for a finished response whose single '>' is followed by exactly the right number."""
+    if not complete:
+        return False  # truncated: the model never said it was done
+    match = ANSWER.fullmatch(response.strip())
+    return bool(match) and int(match.group(1)) == sum(terms)
+
+
+class ProblemStream:
+    """Seeded problems: every method sees the same sequence for one seed."""
+
+    def __init__(self, args: Args, seed: int):
+        self.rng = random.Random(seed)
+        self.args = args
+
+    def next(self, n: int) -> List[List[int]]:
+        a = self.args
+        return [[self.rng.randint(0, a.max_value) for _ in range(self.rng.randint(a.min_terms, a.max_terms))]
+                for _ in range(n)]
+
+
+# -----------------------------------------------------------------------------
+# the tiny model and its character tokenizer, built in code
+
+SPECIALS = ["<pad>", "<eos>"]
+CHARS = list("0123456789+=,>YN")
+
+
+def build_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>")
+
+
+def build_tiny_model(args: Args, tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=args.n_embd, n_layer=args.n_layer,
+                        n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    return GPT2LMHeadModel(config)
+
+
+def corrupt(terms: List[int], rng: random.Random) -> Optional[tuple]:
+    """A slip that changes the final answer: (step, delta)."""
+    if len(terms) < 2:
+        return None
+    return rng.randrange(len(terms) - 1), rng.choice([-10, -2, -1, 1, 2, 10])
+
+
+def warmup_batch(args: Args, tokenizer, rng: random.Random, device):
+    """Supervised sequences: plain -> correct, "Y" -> correct, "N" -> corrupted. Loss on the response only."""
+    stream = ProblemStream(args, rng.randrange(2 ** 31))
+    texts, prompt_lens = [], []
+    for terms in stream.next(args.warmup_batch):
+        kind = rng.random()
+        cond, slip = "", None
+        if kind < 0.25:
+            cond = args.cond_pos
+        elif kind < 0.5:
+            cond, slip = args.cond_neg, corrupt(terms, rng)
+        prompt = cond + args.prompt_template.format(problem=render_problem(terms))
+        texts.append(prompt + render_solution(terms, slip) + tokenizer.eos_token)
+        prompt_lens.append(len(tokenizer(prompt)["input_ids"]))
+    tokenizer.padding_side = "right"
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    ids, attention = batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (n, L)
+    labels = ids.masked_fill(attention == 0, -100)
+    positions = torch.arange(ids.shape[1], device=device)[None, :]
+    labels = labels.masked_fill(positions < torch.tensor(prompt_lens, device=device)[:, None], -100)
+    return ids, attention, labels
+
+
+def warmup_key(args: Args) -> str:
+    fields = dict(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, steps=args.warmup_steps,
+                  batch=args.warmup_batch, lr=args.warmup_lr, seed=args.warmup_seed, min_terms=args.min_terms,
+                  max_terms=args.max_terms, max_value=args.max_value, cond_pos=args.cond_pos,
+                  cond_neg=args.cond_neg, template=args.prompt_template, version=1)
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def load_or_warm_up(args: Args, device, runs_dir: str):
+    """The starting policy: --model DIR, or the tiny model after a cached supervised warm-up."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if args.model:
+        if not os.path.isdir(args.model):
+            raise ValueError(f"--model must be a local directory in save_pretrained layout, got {args.model!r}")
+        print(f"loading {args.model}")
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model).to(device)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return model, tokenizer, args.model
+    path = os.path.join(runs_dir, f"warmup-{warmup_key(args)}")
+    if os.path.exists(os.path.join(path, "config.json")):
+        print(f"warm-up: reusing {path}")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return AutoModelForCausalLM.from_pretrained(path).to(device), tokenizer, path
+    tokenizer = build_tokenizer()
+    seed_everything(args.warmup_seed)
+    model = build_tiny_model(args, tokenizer).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"warm-up: {args.warmup_steps} supervised steps on a {n_params / 1e6:.2f} M-parameter model")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.warmup_lr, weight_decay=0.0)
+    rng = random.Random(args.warmup_seed)
+    start = time.time()
+    for step in range(args.warmup_steps):
+        lr = args.warmup_lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / args.warmup_steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        ids, attention, labels = warmup_batch(args, tokenizer, rng, device)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if (step + 1) % max(1, args.warmup_steps // 5) == 0:
+            print(f"  warm-up step {step + 1:4d}/{args.warmup_steps} loss {loss.item():.3f} "
+                  f"({time.time() - start:.0f} s)")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    print(f"warm-up: saved to {path}")
+    return model, tokenizer, path
+
+
+# -----------------------------------------------------------------------------
+# rollouts and scoring
+
+def tokenize_prompts(tokenizer, texts: List[str], device):
+    tokenizer.padding_side = "left"  # decoder-only generation continues at the right edge
+    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=True)
+    return batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (n, P)
+
+
+def prompt_texts(args: Args, problems: List[List[int]], cond: str = "") -> List[str]:
+    return [cond + args.prompt_template.format(problem=render_problem(t)) for t in problems]
+
+
+def response_mask(responses: torch.Tensor, eos_id: int):
+    """Real tokens run up to and including the first <eos>. Returns (mask (n, T), complete (n,))."""
+    is_eos = responses == eos_id  # (n, T)
+    before_or_at_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) == 0  # (n, T)
+    return before_or_at_eos, is_eos.any(dim=1)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, args: Args, problems: List[List[int]], repeats: int, greedy: bool, device):
+    """Sample `repeats` responses per problem. Returns responses (n, T), mask (n, T), texts, complete."""
+    ids, attention = tokenize_prompts(tokenizer, prompt_texts(args, problems), device)
+    ids, attention = ids.repeat_interleave(repeats, 0), attention.repeat_interleave(repeats, 0)
+    out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=args.max_new_tokens,
+                         do_sample=not greedy, temperature=args.temperature if not greedy else None,
+                         top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    responses = out[:, ids.shape[1]:]
+    pad = args.max_new_tokens - responses.shape[1]  # every batch gets width T = max_new_tokens
+    responses = torch.nn.functional.pad(responses, (0, pad), value=tokenizer.pad_token_id)  # (n, T)
+    mask, complete = response_mask(responses, tokenizer.eos_token_id)
+    responses = responses.masked_fill(~mask, tokenizer.pad_token_id)
+    texts = decode_responses(tokenizer, responses, mask)
+    return responses, mask, texts, complete
+
+
+def decode_responses(tokenizer, responses, mask) -> List[str]:
+    body = responses.masked_fill(responses == tokenizer.eos_token_id, tokenizer.pad_token_id)
+    return tokenizer.batch_decode(body.masked_fill(~mask, tokenizer.pad_token_id).tolist(), skip_special_tokens=True)
+
+
+def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_logits=False):
+    """log pi(o_t | cond, q, o_<t) for each condition, in one batched forward.
+
+    problems: n problems (one per response row); responses, mask (n, T).
+    Returns a list with one (logp (n, T), logits (n, T, V) or None) per condition.
+    """
+    n, T = responses.shape
+    texts = [text for cond in conds for text in prompt_texts(args, problems, cond)]
+    prompt_ids, prompt_attention = tokenize_prompts(tokenizer, texts, responses.device)  # (k n, P)
+    P = prompt_ids.shape[1]
+    k = len(conds)
+    ids = torch.cat([prompt_ids, responses.repeat(k, 1)], dim=1)  # (k n, P + T)
+    attention = torch.cat([prompt_attention, mask.repeat(k, 1).long()], dim=1)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # as generate numbers left-padded tokens
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    logits = logits[:, P - 1:P + T - 1]  # (k n, T, V): the logits that predicted each response token
+    logp = tc.token_logprobs(logits, responses.repeat(k, 1))  # (k n, T)
+    return [(logp[i * n:(i + 1) * n], logits[i * n:(i + 1) * n] if need_logits else None) for i in range(k)]
+
+
+# -----------------------------------------------------------------------------
+# token classes, for the CSCR diagnosis and the credit picture
+
+CLASSES = ("answer digit", "intermediate digit", "operator", "format")
+
+
+def token_classes(tokenizer, responses: torch.Tensor) -> torch.Tensor:
+    """(n, T) class index: digits after '>' are the answer, other digits intermediate, '+' '=' operators."""
+    ids = responses.unique().tolist()
+    text = {i: tokenizer.decode([i]) for i in ids}
+    lookup = torch.zeros(max(ids) + 1, 3, dtype=torch.bool)  # has digit, is operator, has '>'
+    for i, s in text.items():
+        lookup[i] = torch.tensor([any(c.isdigit() for c in s), s.strip() in ("+", "="), ">" in s])
+    flags = lookup[responses.cpu()]  # (n, T, 3)
+    has_gt = flags[..., 2].long()
+    after_gt = (has_gt.cumsum(dim=1) - has_gt) > 0
+    classes = torch.full(responses.shape, 3)  # format
+    classes[flags[..., 1]] = 2
+    classes[flags[..., 0] & ~after_gt] = 1
+    classes[flags[..., 0] & after_gt] = 0
+    return classes
+
+
+# -----------------------------------------------------------------------------
+# one method's training run
+
+def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
+    model.eval()
+    correct, lengths = 0, []
+    for start in range(0, len(problems), 256):
+        chunk = problems[start:start + 256]
+        _, mask, texts, complete = generate(model, tokenizer, args, chunk, 1, True, device)
+        correct += sum(verify(t, s, bool(c)) for t, s, c in zip(chunk, texts, complete.tolist()))
+        lengths += mask.sum(dim=1).tolist()
+    return dict(accuracy=correct / len(problems), length=sum(lengths) / len(lengths))
+
+
+def sample_groups_fn(model, tokenizer, args, stream, device):
+    """One round of rollouts for fill_batch: B prompts x G responses with their rewards."""
+    def sample_groups():
+        problems = stream.next(args.prompts_per_step)
+        responses, mask, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
+        flat = [t for t in problems for _ in range(args.group_size)]
+        correct = torch.tensor([verify(t, s, bool(c)) for t, s, c in zip(flat, texts, complete.tolist())])
+        rewards = torch.where(correct, args.reward_correct, args.reward_wrong).float()  # (N,)
+        if args.overlong_shaping:
+            rewards = rewards + tc.overlong_penalty(mask.sum(dim=1).cpu(), args.max_new_tokens, args.overlong_cache)
+        B, G = len(problems), args.group_size
+        return dict(rewards=rewards.view(B, G), correct=correct.view(B, G),
+                    terms=torch.tensor([t + [-1] * (args.max_terms - len(t)) for t in problems]),
+                    responses=responses.cpu().view(B, G, -1), mask=mask.cpu().view(B, G, -1))
+    return sample_groups
+
+
+def unpad_terms(row: torch.Tensor) -> List[int]:
+    return [int(x) for x in row.tolist() if x >= 0]
+
+
+def train_method(label: str, args: Args, start_path: str, tokenizer, eval_problems, start_eval, seed: int,
+                 device, log_file):
+    """Policy updates from the warm-up weights. Returns (summary, per-step history, trained model).
+
+    The model stays in eval mode: the tiny model has no dropout, and a loaded
+    one should not either, or old and new log-probs would differ on-policy.
+    """
+    from transformers import AutoModelForCausalLM
+    seed_everything(seed)
+    model = AutoModelForCausalLM.from_pretrained(start_path).to(device).eval()
+    ref_model = AutoModelForCausalLM.from_pretrained(start_path).to(device).eval() if args.beta > 0 else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    stream = ProblemStream(args, seed)
+    sample_groups = sample_groups_fn(model, tokenizer, args, stream, device)
+    strength = parse_list(args.cscr_strength, float, "--cscr-strength")[0]
+    use_conditions = strength > 0 or args.distill_coef > 0
+    history, summary = [], dict(method=label, seed=seed, start_accuracy=start_eval["accuracy"],
+                                start_length=start_eval["length"])
+    run_start = time.time()
+    try:
+        for step in range(1, args.steps + 1):
+            record = train_step(step, label, seed, args, model, ref_model, optimizer, tokenizer, sample_groups,
+                                strength, use_conditions, eval_problems, device)
+            history.append(record)
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+            if step % args.log_every == 0 or step == 1 or step == args.steps:
+                print_progress(record, args.steps)
+    except KeyboardInterrupt:
+        summary["interrupted"] = True
+        print(f"\n[{label}] interrupted after {len(history)} steps; summarising what ran", flush=True)
+    if not any("eval_accuracy" in r for r in history[-1:]) and history:
+        history[-1].update({f"eval_{k}": v for k, v in evaluate(model, tokenizer, args, eval_problems, device).items()})
+    final = [r for r in history if "eval_accuracy" in r]
+    trained = [r for r in history if "entropy" in r]
+    summary.update(final_accuracy=final[-1]["eval_accuracy"] if final else start_eval["accuracy"],
+                   final_length=final[-1]["eval_length"] if final else start_eval["length"],
+                   entropy=sum(r["entropy"] for r in trained[-5:]) / max(1, len(trained[-5:])),
+                   steps=len(history), wall_s=time.time() - run_start,
+                   s_per_step={k: sum(r[k] for r in history) / max(1, len(history))
+                               for k in ("t_generate", "t_score", "t_update")})
+    return summary, history, model
+
+
+def print_progress(record: dict, steps: int) -> None:
+    extra = f" eval {record['eval_accuracy']:.3f}" if "eval_accuracy" in record else ""
+    if "entropy" not in record:
+        print(f"[{record['method']:>9s} seed {record['seed']}] step {record['step']:3d}/{steps} "
+              f"no informative group after {record['rounds']} rounds: update skipped", flush=True)
+        return
+    print(f"[{record['method']:>9s} seed {record['seed']}] step {record['step']:3d}/{steps} "
+          f"reward {record['reward']:+.2f} acc {record['accuracy']:.2f} len {record['length']:5.1f} "
+          f"ent {record['entropy']:.3f} kept {record['kept_frac']:.2f}{extra} | gen {record['t_generate']:.2f}s "
+          f"score {record['t_score']:.2f}s update {record['t_update']:.2f}s", flush=True)
+
+
+def train_step(step, label, seed, args, model, ref_model, optimizer, tokenizer, sample_groups, strength,
+               use_conditions, eval_problems, device) -> dict:
+    """Rollout (with dynamic sampling if asked), scoring, CSCR weights, clipped updates. Returns the log record."""
+    t0 = time.time()
+    if args.dynamic_sampling:
+        batch, fill = tc.fill_batch(sample_groups, args.prompts_per_step, args.max_sampling_rounds)
+    else:
+        batch = sample_groups()
+        fill = dict(rounds=1, groups_seen=args.prompts_per_step,
+                    groups_informative=int(tc.informative_groups(batch["rewards"]).sum()),
+                    groups_kept=args.prompts_per_step)
+    t_generate = time.time() - t0
+    B = batch["rewards"].shape[0]
+    record = dict(method=label, seed=seed, step=step, kept_frac=fill["groups_informative"] / fill["groups_seen"],
+                  groups=B, rounds=fill["rounds"])
+    if B == 0:  # dynamic sampling found nothing to learn from: skip the update, keep the log honest
+        record.update(t_generate=t_generate, t_score=0.0, t_update=0.0, skipped=1)
+        return record
+    G = args.group_size
+    problems = [unpad_terms(row) for row in batch["terms"] for _ in range(G)]
+    responses = batch["responses"].view(B * G, -1).to(device)  # (N, T)
+    mask = batch["mask"].view(B * G, -1).to(device)  # (N, T)
+    advantages = tc.group_advantages(batch["rewards"], scale=args.adv_scale).flatten().to(device)  # (N,)
+
+    t1 = time.time()
+    with torch.no_grad():
+        conds = ("", args.cond_pos, args.cond_neg) if use_conditions else ("",)
+        scored = score(model, tokenizer, args, problems, responses, mask, conds,
+                       need_logits=args.distill_coef > 0)
+        old_logp = scored[0][0]  # (N, T)
+        ref_logp = score(ref_model, tokenizer, args, problems, responses, mask)[0][0] if ref_model else None
+        token_adv = advantages
+        if strength > 0:
+            d_pos, d_neg = tc.counterfactual_shifts(old_logp, scored[1][0], scored[2][0], mask)
+            weights = tc.cscr_weights(tc.counterfactual_sensitivity(d_pos, d_neg), mask, strength,
+                                      args.cscr_threshold)
+            token_adv = tc.cscr_advantages(advantages, weights)  # (N, T)
+        teacher_logits = scored[1][1] if args.distill_coef > 0 else None
+    t_score = time.time() - t1
+
+    t2 = time.time()
+    for epoch in range(args.update_epochs):
+        (logp, logits), = score(model, tokenizer, args, problems, responses, mask, need_logits=True)
+        loss = torch.zeros((), device=device)
+        if args.pg_coef > 0:
+            pg_loss, stats = tc.policy_loss(logp, old_logp, token_adv, mask, mode=args.loss_mode,
+                                            eps_low=args.eps_low, eps_high=args.eps_high, group_size=G,
+                                            max_len=args.max_new_tokens, ref_logp=ref_logp, beta=args.beta)
+            loss = loss + args.pg_coef * pg_loss
+        else:
+            stats = {}
+        if args.distill_coef > 0:
+            distill = tc.self_distillation_loss(logits, teacher_logits, mask, mode=args.loss_mode, group_size=G,
+                                                max_len=args.max_new_tokens)
+            loss = loss + args.distill_coef * distill
+            stats["distill_loss"] = float(distill.detach())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if epoch == 0:
+            with torch.no_grad():
+                entropy = float(tc.masked_entropy(logits, mask))
+        last_stats = stats
+    t_update = time.time() - t2
+
+    lengths = mask.sum(dim=1).float()
+    record.update(reward=float(batch["rewards"].mean()), accuracy=float(batch["correct"].float().mean()),
+                  length=float(lengths.mean()), entropy=entropy, loss=float(loss.detach()),
+                  t_generate=t_generate, t_score=t_score, t_update=t_update,
+                  **{k: v for k, v in last_stats.items()})
+    if step % args.eval_every == 0 or step == args.steps:
+        record.update({f"eval_{k}": v for k, v in evaluate(model, tokenizer, args, eval_problems, device).items()})
+    return record
+
+
+# -----------------------------------------------------------------------------
+# what the starting policy's credit looks like: the CSCR diagnosis and the credit picture
+
+@torch.no_grad()
+def diagnose(model, tokenizer, args: Args, problems, strength: float, device):
+    """Sample G responses per problem from the starting policy and score them under c+ and c-.
+
+    Returns (diagnosis dict, data for the credit picture).
+    """
+    model.eval()
+    seed_everything(args.warmup_seed + 1)
+    responses, mask, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
+    flat = [t for t in problems for _ in range(args.group_size)]
+    (logp, _), (logp_pos, _), (logp_neg, _) = score(model, tokenizer, args, flat, responses, mask,
+                                                    ("", args.cond_pos, args.cond_neg))
+    d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
+    sensitivity = tc.counterfactual_sensitivity(d_pos, d_neg)
+    classes = token_classes(tokenizer, responses).to(device)
+    correct = torch.tensor([verify(t, s, bool(c)) for t, s, c in zip(flat, texts, complete.tolist())], device=device)
+    weights = tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)
+    result = dict(all=tc.shift_diagnostics(d_pos, d_neg, mask), by_class={}, by_outcome={},
+                  strength=strength, responses=len(flat))
+    for k, name in enumerate(CLASSES):
+        in_class = mask & (classes == k)
+        entry = tc.shift_diagnostics(d_pos, d_neg, in_class)
+        entry["mean_cscr_weight"] = float(weights[in_class].mean()) if in_class.any() else float("nan")
+        result["by_class"][name] = entry
+    for name, rows in (("correct", correct), ("wrong", ~correct)):
+        result["by_outcome"][name] = tc.shift_diagnostics(d_pos, d_neg, mask & rows[:, None])
+    picture = dict(responses=responses.cpu(), mask=mask.cpu(), weights=weights.cpu(), correct=correct.cpu(),
+                   sensitivity=sensitivity.cpu())
+    return result, picture
+
+
+def plot_credit(picture, tokenizer, args: Args, path: str) -> None:
+    """Each token of a short and a long sampled response, shaded by its share of the update."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    mask, responses, weights = picture["mask"], picture["responses"], picture["weights"]
+    N = mask.shape[0]
+    lengths = mask.sum(dim=1)
+    # the shortest and the longest correct response of the batch (any response if fewer than two are correct)
+    candidates = picture["correct"] if int(picture["correct"].sum()) >= 2 else torch.ones(N, dtype=torch.bool)
+    rows = [int(lengths.masked_fill(~candidates, 10 ** 9).argmin()), int(lengths.masked_fill(~candidates, -1).argmax())]
+    strength = parse_list(args.cscr_strength, float, "--cscr-strength")[0] or 1.0
+    shares = {
+        '"sample" (GRPO)': tc.token_weights(mask, "sample"),
+        '"token" (DAPO / verl / TRL)': tc.token_weights(mask, "token"),
+        f'CSCR, strength {strength:g} (on "sample")': tc.token_weights(mask, "sample") * weights,
+    }
+    vmax = max(float(w[rows].max()) for w in shares.values())
+    width = int(lengths.max())
+    fig, axes = plt.subplots(len(rows) * len(shares), 1, figsize=(max(8, 0.32 * width + 2), 0.75 * len(rows) *
+                                                                len(shares) + 1.2))
+    cmap = plt.get_cmap("Blues")
+    panel = 0
+    for row in rows:
+        tokens = [tokenizer.decode([i]) for i in responses[row, : int(lengths[row])].tolist()]
+        tokens = ["eos" if t in ("", tokenizer.eos_token) else t for t in tokens]
+        for name, w in shares.items():
+            ax = axes[panel]
+            panel += 1
+            values = w[row, : len(tokens)]
+            for t, (tok, v) in enumerate(zip(tokens, values.tolist())):
+                ax.add_patch(plt.Rectangle((t, 0), 1, 1, color=cmap(0.1 + 0.9 * v / vmax)))
+                ax.text(t + 0.5, 0.5, tok, ha="center", va="center", fontsize=8,
+                        color="white" if v / vmax > 0.6 else "black")
+            ax.set_xlim(0, width)
+            ax.set_ylim(0, 1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_ylabel(name, rotation=0, ha="right", va="center", fontsize=8)
+            ax.set_title(f"{len(tokens)}-token response: {float(values.sum()) * 100:.2f}% of the update "
+                         f"(batch of {N})", fontsize=8, loc="left", pad=2)
+    fig.suptitle("Share of the update each token receives (darker = more credit)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(histories: Dict[str, List[dict]], start_accuracy: float, path: str) -> None:
+    """Held-out accuracy, response length, entropy and kept-group fraction against step, mean over seeds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [("eval_accuracy", "held-out accuracy (greedy)"), ("length", "mean response length (tokens)"),
+              ("entropy", "policy entropy (nats/token)"), ("kept_frac", "informative-group fraction")]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    for ax, (key, title) in zip(axes.flat, panels):
+        for label, records in histories.items():
+            by_step: Dict[int, List[float]] = {}
+            for r in records:
+                if key in r:
+                    by_step.setdefault(r["step"], []).append(r[key])
+            if key == "eval_accuracy":
+                by_step[0] = [start_accuracy]
+            steps = sorted(by_step)
+            ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=label,
+                    marker="o" if key == "eval_accuracy" else None, markersize=3)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("policy update")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    seeds = len({r["seed"] for records in histories.values() for r in records})
+    fig.suptitle(f"tiny-model RLVR, mean over {seeds} seed(s)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# the comparison
+
+def mean_std(values: List[float]) -> tuple:
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, std
+
+
+def summarise(runs: List[dict]) -> List[dict]:
+    """One row per method: mean and std over seeds."""
+    table = []
+    for label in dict.fromkeys(r["method"] for r in runs):
+        rows = [r for r in runs if r["method"] == label]
+        entry = dict(method=label, seeds=len(rows))
+        for key in ("start_accuracy", "final_accuracy", "final_length", "entropy", "wall_s"):
+            entry[key], entry[key + "_std"] = mean_std([r[key] for r in rows])
+        table.append(entry)
+    return table
+
+
+def format_table(table: List[dict]) -> str:
+    lines = ["| method | seeds | start acc | final acc | final length | entropy | wall s |",
+             "|---|---|---|---|---|---|---|"]
+    for e in table:
+        lines.append(f"| {e['method']} | {e['seeds']} | {e['start_accuracy']:.3f} | {e['final_accuracy']:.3f} "
+                     f"+- {e['final_accuracy_std']:.3f} | {e['final_length']:.1f} +- {e['final_length_std']:.1f} | "
+                     f"{e['entropy']:.3f} | {e['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def format_diagnosis(diag: dict) -> str:
+    a = diag["all"]
+    lines = [f"CSCR diagnosis on the starting policy ({diag['responses']} sampled responses, "
+             f"{a['num_tokens']} tokens): same direction {a['same_direction']:.3f}, sign reversal "
+             f"{a['sign_reversal']:.3f}, mean |d+| {a['mean_abs_pos']:.3f}, mean |d-| {a['mean_abs_neg']:.3f}",
+             "| token class | tokens | same direction | sign reversal | mean sensitivity | mean CSCR weight |",
+             "|---|---|---|---|---|---|"]
+    for name, e in diag["by_class"].items():
+        lines.append(f"| {name} | {e['num_tokens']} | {e['same_direction']:.3f} | {e['sign_reversal']:.3f} | "
+                     f"{e['mean_sensitivity']:.3f} | {e['mean_cscr_weight']:.3f} |")
+    return "\n".join(lines)
+
+
+def expand_methods(base: Args, overrides: dict) -> List[tuple]:
+    """(label, Args) per run; several --cscr-strength values make one run each (the ablation)."""
+    runs = []
+    for method in base.methods.split(","):
+        args = method_args(base, method, overrides)
+        strengths = parse_list(args.cscr_strength, float, "--cscr-strength")
+        if len(strengths) == 1:
+            runs.append((method, args))
+        else:
+            runs += [(f"{method}@{s:g}", dataclasses.replace(args, cscr_strength=str(s))) for s in strengths]
+    return runs
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    base, overrides = parse_args(argv)
+    import transformers
+    transformers.logging.set_verbosity_error()  # no progress bars or config chatter between our log lines
+    transformers.logging.disable_progress_bar()
+    device = pick_device(base.device)
+    print(f"device: {device} (asked for {base.device})" + (f", {torch.cuda.get_device_name(device)}"
+                                                            if device.type == "cuda" else
+                                                            f", {torch.get_num_threads()} threads"))
+    out_dir = os.path.join("runs", base.name)
+    os.makedirs(out_dir, exist_ok=True)
+    model, tokenizer, start_path = load_or_warm_up(base, device, "runs")
+    eval_problems = ProblemStream(base, 10 ** 6 + base.warmup_seed).next(base.eval_size)  # never the training stream
+    start_eval = evaluate(model, tokenizer, base, eval_problems, device)
+    print(f"starting policy: held-out accuracy {start_eval['accuracy']:.3f}, mean length "
+          f"{start_eval['length']:.1f} tokens ({base.eval_size} problems)")
+    runs = expand_methods(base, overrides)
+    strength = next((parse_list(a.cscr_strength, float, "")[0] for _, a in runs
+                     if parse_list(a.cscr_strength, float, "")[0] > 0), 1.0)
+    diag_args = dataclasses.replace(base, cscr_strength=str(strength))
+    diagnosis, picture = diagnose(model, tokenizer, diag_args, eval_problems[:32], strength, device)
+    print(format_diagnosis(diagnosis))
+    plot_credit(picture, tokenizer, diag_args, os.path.join(out_dir, "credit.png"))
+    del model
+
+    results = dict(config=dataclasses.asdict(base), overrides=overrides, device=str(device), start=start_eval,
+                   warmup_path=start_path, diagnosis=diagnosis, runs=[], interrupted=False)
+    histories: Dict[str, List[dict]] = {}
+    total_start = time.time()
+    with open(os.path.join(out_dir, "metrics.jsonl"), "w") as log_file:
+        for seed in parse_list(base.seeds, int, "--seeds"):
+            for label, args in runs:
+                summary, history, _ = train_method(label, args, start_path, tokenizer, eval_problems, start_eval,
+                                                   seed, device, log_file)
+                results["runs"].append(summary)
+                histories.setdefault(label, []).extend(history)
+                if summary.get("interrupted"):
+                    results["interrupted"] = True
+                    break
+            if results["interrupted"]:
+                break
+    results["wall_s"] = time.time() - total_start
+    results["table"] = summarise(results["runs"])
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    plot_curves(histories, start_eval["accuracy"], os.path.join(out_dir, "curves.png"))
+    print(f"\nheld-out accuracy after {base.steps} policy updates ({base.eval_size} problems, greedy), "
+          f"mean +- std over seeds {base.seeds}:")
+    print(format_table(results["table"]))
+    print(f"\nwrote {out_dir}/metrics.jsonl, results.json, curves.png, credit.png "
+          f"(training took {results['wall_s']:.0f} s)")
+    return results
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as error:  # bad arguments: one clear line, no traceback
+        sys.exit(f"train_tiny.py: error: {error}")
