@@ -724,3 +724,62 @@ def test_command_line_error_is_one_line():
     assert done.returncode == 1
     assert done.stderr.strip().startswith("train_tiny.py: error: --methods: unknown method 'ppo'")
     assert "Traceback" not in done.stderr
+
+
+# =============================================================================
+# README.md: its worked examples are computed here, so they cannot drift from the code
+
+def readme_examples():
+    """The README's worked examples, computed by the code (test_readme_examples checks README.md holds them)."""
+    blocks = []
+    # 1. group advantages
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    lines = ["rewards (B=3, G=4)      GRPO  scale='std'               Dr. GRPO  scale='none'"]
+    grpo, dr = tc.group_advantages(rewards, "std"), tc.group_advantages(rewards, "none")
+    for r, a, d in zip(rewards.tolist(), grpo.tolist(), dr.tolist()):
+        fmt = lambda xs: "[" + ", ".join(f"{x:+.2f}" for x in xs) + "]"
+        lines.append(f"{str([int(x) for x in r]):<23} {fmt(a):<30}  {fmt(d)}")
+    blocks.append("\n".join(lines))
+    # 2. seed 000: token weights
+    mask = torch.zeros(2, 1000)
+    mask[0, :100] = 1
+    mask[1] = 1
+    lines = ["mode          one token of the    one token of the     short:long   share of the update",
+             "              100-token answer    1000-token answer                 (short, long)"]
+    for mode in tc.AGGREGATION_MODES:
+        w = tc.token_weights(mask, mode, group_size=2, max_len=1000)
+        share = w.sum(dim=1)
+        lines.append(f"{mode:<13} {w[0, 0].item():<19.6f} {w[1, 0].item():<20.6f} {w[0, 0].item() / w[1, 0].item():<12.1f} "
+                     f"({share[0].item():.3f}, {share[1].item():.3f})")
+    blocks.append("\n".join(lines))
+    # 3. overlong
+    lengths = torch.tensor([10, 12, 13, 14, 16, 17])
+    pen = tc.overlong_penalty(lengths, max_len=16, cache_len=4)
+    blocks.append("lengths  " + " ".join(f"{int(x):>6d}" for x in lengths) + "\npenalty  " +
+                  " ".join(f"{x:>6.2f}" for x in pen.tolist()))
+    # 4. clip
+    rho = torch.tensor([[0.5, 0.9, 1.1, 1.25, 1.5]])
+    out = []
+    for adv in (1.0, -1.0):
+        for eh in (0.2, 0.28):
+            loss = tc.clipped_surrogate(torch.log(rho), torch.zeros(1, 5), torch.tensor([adv]), 0.2, eh)
+            out.append(f"A={adv:+.0f} eps_high={eh:<4}  " + " ".join(f"{x:>6.2f}" for x in loss[0].tolist()))
+    blocks.append("rho                   " + " ".join(f"{x:>6.2f}" for x in rho[0].tolist()) + "\n" + "\n".join(out))
+    # 5. CSCR
+    s = torch.tensor([[0.05, 0.10, 1.50, 0.20, 0.0]])
+    m = torch.tensor([[1, 1, 1, 1, 0]])
+    lines = ["sensitivity s_t            " + " ".join(f"{x:>6.2f}" for x in s[0, :4].tolist()) + "   (last token is padding)"]
+    for strength in (0.0, 1.0, 4.0):
+        w = tc.cscr_weights(s, m, strength, threshold=0.1)
+        a = tc.cscr_advantages(torch.tensor([0.5]), w)
+        lines.append(f"strength {strength:<3} weights         " + " ".join(f"{x:>6.3f}" for x in w[0, :4].tolist()) +
+                     f"   A_t sum {a.sum().item():.3f} = 4 x 0.5")
+    blocks.append("\n".join(lines))
+    return blocks
+
+
+def test_readme_worked_examples_match_the_code():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")) as f:
+        readme = f.read()
+    for block in readme_examples():
+        assert block in readme, "README.md is missing this block, as the code computes it now:\n" + block

@@ -78,8 +78,10 @@ class Args:
     """numbers are drawn from 0..max_value"""
     eval_size: int = 200
     """held-out problems, scored with greedy decoding"""
-    eval_every: int = 10
+    eval_every: int = 20
     """policy updates between held-out evaluations"""
+    eval_samples: int = 4
+    """sampled responses per held-out problem for the sampled accuracy (mean@k at the rollout temperature)"""
     # --- the model and its warm-up
     model: str = ""
     """a local transformers causal-LM directory (save_pretrained layout) to train instead of the tiny model"""
@@ -104,9 +106,9 @@ class Args:
     warmup_seed: int = 1234
     """seed of the warm-up, shared by every method and every RL seed"""
     # --- rollouts and updates
-    steps: int = 100
+    steps: int = 60
     """policy updates per method"""
-    prompts_per_step: int = 8
+    prompts_per_step: int = 16
     """B: prompts (groups) per policy update"""
     group_size: int = 8
     """G: responses sampled per prompt"""
@@ -114,7 +116,7 @@ class Args:
     """generation budget L_max; longer responses are truncated (and wrong)"""
     temperature: float = 1.0
     """sampling temperature of the rollouts"""
-    lr: float = 2e-4
+    lr: float = 3e-5
     """learning rate of the policy updates (AdamW)"""
     update_epochs: int = 2
     """passes over each rollout batch; the second one sees ratios away from 1, so the clip acts"""
@@ -153,7 +155,7 @@ class Args:
     """weight of the self-distillation (OPSD) loss"""
 
 
-QUICK = dict(warmup_steps=200, steps=12, prompts_per_step=4, eval_size=64, eval_every=6, log_every=3)
+QUICK = dict(warmup_steps=200, steps=12, prompts_per_step=8, eval_size=64, eval_every=6, log_every=3)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
 
 
@@ -213,7 +215,7 @@ def validate_args(base: Args, overrides: Dict[str, object]) -> None:
         if getattr(base, name) < 0:
             fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(base, name)}")
     for name in ("prompts_per_step", "max_new_tokens", "eval_size", "eval_every", "log_every", "update_epochs",
-                 "warmup_batch", "max_sampling_rounds"):
+                 "warmup_batch", "max_sampling_rounds", "eval_samples"):
         if getattr(base, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(base, name)}")
     if not 1 <= base.min_terms <= base.max_terms:
@@ -509,14 +511,24 @@ def token_classes(tokenizer, responses: torch.Tensor) -> torch.Tensor:
 # one method's training run
 
 def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
+    """Held-out accuracy two ways: greedy decoding, and the mean over eval_samples samples at the
+    rollout temperature (the quantity RL maximises). Sampling uses its own seed, so evaluating
+    does not change the training run's random stream."""
     model.eval()
-    correct, lengths = 0, []
-    for start in range(0, len(problems), 256):
-        chunk = problems[start:start + 256]
-        _, mask, texts, complete = generate(model, tokenizer, args, chunk, 1, True, device)
-        correct += sum(verify(t, s, bool(c)) for t, s, c in zip(chunk, texts, complete.tolist()))
-        lengths += mask.sum(dim=1).tolist()
-    return dict(accuracy=correct / len(problems), length=sum(lengths) / len(lengths))
+    greedy, sampled, lengths = 0, 0, []
+    devices = [device] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(args.warmup_seed + 2)
+        for start in range(0, len(problems), 256):
+            chunk = problems[start:start + 256]
+            _, mask, texts, complete = generate(model, tokenizer, args, chunk, 1, True, device)
+            greedy += sum(verify(t, s, bool(c)) for t, s, c in zip(chunk, texts, complete.tolist()))
+            lengths += mask.sum(dim=1).tolist()
+            _, _, texts, complete = generate(model, tokenizer, args, chunk, args.eval_samples, False, device)
+            flat = [t for t in chunk for _ in range(args.eval_samples)]
+            sampled += sum(verify(t, s, bool(c)) for t, s, c in zip(flat, texts, complete.tolist()))
+    return dict(accuracy=greedy / len(problems), sampled_accuracy=sampled / (len(problems) * args.eval_samples),
+                length=sum(lengths) / len(lengths))
 
 
 def sample_groups_fn(model, tokenizer, args, stream, device):
@@ -557,6 +569,7 @@ def train_method(label: str, args: Args, start_path: str, tokenizer, eval_proble
     strength = parse_list(args.cscr_strength, float, "--cscr-strength")[0]
     use_conditions = strength > 0 or args.distill_coef > 0
     history, summary = [], dict(method=label, seed=seed, start_accuracy=start_eval["accuracy"],
+                                start_sampled_accuracy=start_eval["sampled_accuracy"],
                                 start_length=start_eval["length"])
     run_start = time.time()
     try:
@@ -576,6 +589,8 @@ def train_method(label: str, args: Args, start_path: str, tokenizer, eval_proble
     final = [r for r in history if "eval_accuracy" in r]
     trained = [r for r in history if "entropy" in r]
     summary.update(final_accuracy=final[-1]["eval_accuracy"] if final else start_eval["accuracy"],
+                   final_sampled_accuracy=(final[-1]["eval_sampled_accuracy"] if final
+                                           else start_eval["sampled_accuracy"]),
                    final_length=final[-1]["eval_length"] if final else start_eval["length"],
                    entropy=sum(r["entropy"] for r in trained[-5:]) / max(1, len(trained[-5:])),
                    steps=len(history), wall_s=time.time() - run_start,
@@ -753,26 +768,41 @@ def plot_credit(picture, tokenizer, args: Args, path: str) -> None:
     plt.close(fig)
 
 
-def plot_curves(histories: Dict[str, List[dict]], start_accuracy: float, path: str) -> None:
+def plot_curves(histories: Dict[str, List[dict]], start_eval: Dict[str, float], path: str) -> None:
     """Held-out accuracy, response length, entropy and kept-group fraction against step, mean over seeds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [("eval_accuracy", "held-out accuracy (greedy)"), ("length", "mean response length (tokens)"),
-              ("entropy", "policy entropy (nats/token)"), ("kept_frac", "informative-group fraction")]
+    panels = [("eval_accuracy", "held-out accuracy: greedy (solid), sampled (dashed)"),
+              ("length", "mean response length (tokens)"), ("entropy", "policy entropy (nats/token)"),
+              ("kept_frac", "informative-group fraction")]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def mean_curve(records, key, start=None):
+        by_step: Dict[int, List[float]] = {}
+        for r in records:
+            if key in r:
+                by_step.setdefault(r["step"], []).append(r[key])
+        if start is not None:
+            by_step[0] = [start]
+        steps = sorted(by_step)
+        return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
     for ax, (key, title) in zip(axes.flat, panels):
-        for label, records in histories.items():
-            by_step: Dict[int, List[float]] = {}
-            for r in records:
-                if key in r:
-                    by_step.setdefault(r["step"], []).append(r[key])
+        for k, (label, records) in enumerate(histories.items()):
+            colour = colours[k % len(colours)]
             if key == "eval_accuracy":
-                by_step[0] = [start_accuracy]
-            steps = sorted(by_step)
-            ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=label,
-                    marker="o" if key == "eval_accuracy" else None, markersize=3)
-        ax.set_title(title, fontsize=10)
+                ax.plot(*mean_curve(records, key, start_eval["accuracy"]), label=label, color=colour, marker="o",
+                        markersize=3)
+                ax.plot(*mean_curve(records, "eval_sampled_accuracy", start_eval["sampled_accuracy"]),
+                        color=colour, linestyle="--", marker="x", markersize=3)
+            else:  # per-step values are noisy: a centred 5-step moving average
+                steps, values = mean_curve(records, key)
+                smooth = [sum(values[max(0, i - 2):i + 3]) / len(values[max(0, i - 2):i + 3])
+                          for i in range(len(values))]
+                ax.plot(steps, smooth, label=label, color=colour, alpha=0.85)
+        ax.set_title(title + ("" if key == "eval_accuracy" else ", 5-step mean"), fontsize=10)
         ax.set_xlabel("policy update")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
@@ -798,19 +828,22 @@ def summarise(runs: List[dict]) -> List[dict]:
     for label in dict.fromkeys(r["method"] for r in runs):
         rows = [r for r in runs if r["method"] == label]
         entry = dict(method=label, seeds=len(rows))
-        for key in ("start_accuracy", "final_accuracy", "final_length", "entropy", "wall_s"):
+        for key in ("start_accuracy", "final_accuracy", "start_sampled_accuracy", "final_sampled_accuracy",
+                    "final_length", "entropy", "wall_s"):
             entry[key], entry[key + "_std"] = mean_std([r[key] for r in rows])
         table.append(entry)
     return table
 
 
 def format_table(table: List[dict]) -> str:
-    lines = ["| method | seeds | start acc | final acc | final length | entropy | wall s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| method | seeds | greedy acc: start -> final | sampled acc: start -> final | final length | "
+             "entropy | wall s |", "|---|---|---|---|---|---|---|"]
     for e in table:
-        lines.append(f"| {e['method']} | {e['seeds']} | {e['start_accuracy']:.3f} | {e['final_accuracy']:.3f} "
-                     f"+- {e['final_accuracy_std']:.3f} | {e['final_length']:.1f} +- {e['final_length_std']:.1f} | "
-                     f"{e['entropy']:.3f} | {e['wall_s']:.0f} |")
+        lines.append(f"| {e['method']} | {e['seeds']} | {e['start_accuracy']:.3f} -> {e['final_accuracy']:.3f} "
+                     f"+- {e['final_accuracy_std']:.3f} | {e['start_sampled_accuracy']:.3f} -> "
+                     f"{e['final_sampled_accuracy']:.3f} +- {e['final_sampled_accuracy_std']:.3f} | "
+                     f"{e['final_length']:.1f} +- {e['final_length_std']:.1f} | {e['entropy']:.3f} | "
+                     f"{e['wall_s']:.0f} |")
     return "\n".join(lines)
 
 
@@ -854,8 +887,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     model, tokenizer, start_path = load_or_warm_up(base, device, "runs")
     eval_problems = ProblemStream(base, 10 ** 6 + base.warmup_seed).next(base.eval_size)  # never the training stream
     start_eval = evaluate(model, tokenizer, base, eval_problems, device)
-    print(f"starting policy: held-out accuracy {start_eval['accuracy']:.3f}, mean length "
-          f"{start_eval['length']:.1f} tokens ({base.eval_size} problems)")
+    print(f"starting policy: held-out accuracy {start_eval['accuracy']:.3f} greedy, "
+          f"{start_eval['sampled_accuracy']:.3f} sampled, mean length {start_eval['length']:.1f} tokens "
+          f"({base.eval_size} problems)")
     runs = expand_methods(base, overrides)
     strength = next((parse_list(a.cscr_strength, float, "")[0] for _, a in runs
                      if parse_list(a.cscr_strength, float, "")[0] > 0), 1.0)
@@ -885,9 +919,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
     results["table"] = summarise(results["runs"])
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    plot_curves(histories, start_eval["accuracy"], os.path.join(out_dir, "curves.png"))
-    print(f"\nheld-out accuracy after {base.steps} policy updates ({base.eval_size} problems, greedy), "
-          f"mean +- std over seeds {base.seeds}:")
+    plot_curves(histories, start_eval, os.path.join(out_dir, "curves.png"))
+    print(f"\nheld-out accuracy after {base.steps} policy updates ({base.eval_size} problems; greedy, and the "
+          f"mean of {base.eval_samples} samples at temperature {base.temperature:g}), mean +- std over seeds "
+          f"{base.seeds}:")
     print(format_table(results["table"]))
     print(f"\nwrote {out_dir}/metrics.jsonl, results.json, curves.png, credit.png "
           f"(training took {results['wall_s']:.0f} s)")
