@@ -155,7 +155,7 @@ class Args:
     """weight of the self-distillation (OPSD) loss"""
 
 
-QUICK = dict(warmup_steps=200, steps=12, prompts_per_step=8, eval_size=64, eval_every=6, log_every=3)
+QUICK = dict(warmup_steps=150, steps=8, prompts_per_step=8, update_epochs=1, eval_size=64, eval_every=4, log_every=4)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
 
 
@@ -164,8 +164,12 @@ PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
 
 def parse_args(argv: Optional[List[str]] = None):
     """Return (base Args, explicit overrides). Presets apply under the overrides."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    presets = "\n".join(f"  {name:<7s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
+                         for name, preset in PRESETS.items())
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"presets (a method's arguments; any argument given here overrides them for every method):\n"
+               f"{presets}\n--quick sets: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
         doc = ARG_DOCS.get(f.name, "")
