@@ -45,11 +45,11 @@ def ref_loss(logp, old_logp, adv, mask, mode, eps_low, eps_high, group_size=None
         for t in range(T):
             if not mask[i, t]:
                 continue
-            a = adv[i, t] if adv.dim() == 2 else adv[i]
-            rho = math.exp(logp[i, t] - old_logp[i, t])
+            a = float(adv[i, t] if adv.dim() == 2 else adv[i])
+            rho = math.exp(float(logp[i, t] - old_logp[i, t]))
             term = -min(rho * a, min(max(rho, 1 - eps_low), 1 + eps_high) * a)
             if beta:
-                r = math.exp(ref_logp[i, t] - logp[i, t])
+                r = math.exp(float(ref_logp[i, t] - logp[i, t]))
                 term += beta * (r - math.log(r) - 1)
             total += term
             length += 1
