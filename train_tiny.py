@@ -155,7 +155,7 @@ class Args:
     """weight of the self-distillation (OPSD) loss"""
 
 
-QUICK = dict(warmup_steps=150, steps=8, prompts_per_step=8, update_epochs=1, eval_size=64, eval_every=4, log_every=4)
+QUICK = dict(name="quick", warmup_steps=150, steps=8, prompts_per_step=8, update_epochs=1, eval_size=64, eval_every=4, log_every=4)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
 
 
