@@ -834,3 +834,18 @@ def test_one_update_moves_log_probs_towards_the_advantage():
     change = ((new - old.detach()) * mask).sum(dim=1)  # (N,) change of each response's log-prob
     assert (advantages * change).sum() > 0
     assert change[advantages > 0].mean() > change[advantages < 0].mean()
+
+
+def test_grpo_raises_sampled_held_out_accuracy(tmp_path, monkeypatch):
+    """The default warm-up, then 60 GRPO updates (about 2 minutes on 2 CPU cores).
+
+    Measured with `python train_tiny.py --seeds 0,1,2`: sampled held-out accuracy went from
+    0.181 to 0.200, 0.211 and 0.195 for seeds 0, 1, 2 (a rise of at least 0.014 in every seed),
+    while greedy accuracy fell (0.380 to about 0.32); see the README's Results. This test
+    asserts the rise that was stable, on seed 0, with some margin for other CPUs.
+    """
+    monkeypatch.chdir(tmp_path)
+    results = tt.main(["--methods", "grpo", "--seeds", "0", "--eval-every", "60", "--name", "learn"])
+    run = results["runs"][0]
+    assert run["start_sampled_accuracy"] == pytest.approx(0.181, abs=0.03)
+    assert run["final_sampled_accuracy"] >= run["start_sampled_accuracy"] + 0.01
