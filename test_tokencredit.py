@@ -80,6 +80,14 @@ def ref_cscr_weights(s, mask, strength, threshold):
     return out
 
 
+def test_response_lengths():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    assert tc.response_lengths(mask).tolist() == [3.0, 1.0, 0.0]
+    g = torch.Generator().manual_seed(15)
+    mask = random_mask(6, 9, g)
+    assert tc.response_lengths(mask).tolist() == [float(sum(int(m) for m in row)) for row in mask]
+
+
 # -----------------------------------------------------------------------------
 # group advantages
 
@@ -186,6 +194,9 @@ def test_fill_batch_bad_sampler():
         tc.fill_batch(lambda: {"rewards": torch.zeros(2, 3), "x": torch.zeros(3)}, 2, 2)
     with pytest.raises(ValueError, match="key 'rewards'"):
         tc.fill_batch(lambda: {"r": torch.zeros(2, 3)}, 2, 2)
+    widths = iter([5, 6])
+    with pytest.raises(ValueError, match="must keep its trailing shape across rounds"):
+        tc.fill_batch(lambda: {"rewards": torch.tensor([[0.0, 1.0]]), "x": torch.zeros(1, next(widths))}, 2, 2)
     with pytest.raises(ValueError, match="max_rounds must be a positive int, got 0"):
         tc.fill_batch(FakeSampler(lambda k: True), 2, 0)
 
