@@ -304,6 +304,12 @@ def verify(terms: List[int], response: str, complete: bool) -> bool:
     return bool(match) and int(match.group(1)) == sum(terms)
 
 
+def verify_all(problems: List[List[int]], texts: List[str], complete: torch.Tensor) -> torch.Tensor:
+    """verify() for each (problem, response, finished) row: (n,) bool."""
+    return torch.tensor([verify(t, s, bool(c)) for t, s, c in zip(problems, texts, complete.tolist())],
+                        dtype=torch.bool)
+
+
 class ProblemStream:
     """Seeded problems: every method sees the same sequence for one seed."""
 
@@ -526,11 +532,11 @@ def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
         for start in range(0, len(problems), 256):
             chunk = problems[start:start + 256]
             _, mask, texts, complete = generate(model, tokenizer, args, chunk, 1, True, device)
-            greedy += sum(verify(t, s, bool(c)) for t, s, c in zip(chunk, texts, complete.tolist()))
+            greedy += int(verify_all(chunk, texts, complete).sum())
             lengths += mask.sum(dim=1).tolist()
             _, _, texts, complete = generate(model, tokenizer, args, chunk, args.eval_samples, False, device)
             flat = [t for t in chunk for _ in range(args.eval_samples)]
-            sampled += sum(verify(t, s, bool(c)) for t, s, c in zip(flat, texts, complete.tolist()))
+            sampled += int(verify_all(flat, texts, complete).sum())
     return dict(accuracy=greedy / len(problems), sampled_accuracy=sampled / (len(problems) * args.eval_samples),
                 length=sum(lengths) / len(lengths))
 
@@ -541,7 +547,7 @@ def sample_groups_fn(model, tokenizer, args, stream, device):
         problems = stream.next(args.prompts_per_step)
         responses, mask, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
         flat = [t for t in problems for _ in range(args.group_size)]
-        correct = torch.tensor([verify(t, s, bool(c)) for t, s, c in zip(flat, texts, complete.tolist())])
+        correct = verify_all(flat, texts, complete)
         rewards = torch.where(correct, args.reward_correct, args.reward_wrong).float()  # (N,)
         if args.overlong_shaping:
             rewards = rewards + tc.overlong_penalty(mask.sum(dim=1).cpu(), args.max_new_tokens, args.overlong_cache)
@@ -709,7 +715,7 @@ def diagnose(model, tokenizer, args: Args, problems, strength: float, device):
     d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
     sensitivity = tc.counterfactual_sensitivity(d_pos, d_neg)
     classes = token_classes(tokenizer, responses).to(device)
-    correct = torch.tensor([verify(t, s, bool(c)) for t, s, c in zip(flat, texts, complete.tolist())], device=device)
+    correct = verify_all(flat, texts, complete).to(device)
     weights = tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)
     result = dict(all=tc.shift_diagnostics(d_pos, d_neg, mask), by_class={}, by_outcome={},
                   strength=strength, responses=len(flat))
