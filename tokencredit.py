@@ -81,19 +81,25 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {AGGREGATION_MODES}, got {mode!r}")
 
 
-def _check_advantages(advantages, mask: torch.Tensor) -> torch.Tensor:
-    """Per-response (N,) or per-token (N, T) advantages, returned as (N, T)."""
+def _check_advantages(advantages, like: torch.Tensor, like_name: str,
+                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-response (N,) or per-token (N, T) advantages, returned as (N, T) like `like`.
+
+    With a mask, they must also be finite on real tokens (and everywhere, when (N,)).
+    """
     if not isinstance(advantages, torch.Tensor):
         raise ValueError(f"advantages must be a torch.Tensor of shape (N,) or (N, T), got {type(advantages).__name__}")
     if advantages.dim() == 1:
-        if advantages.shape[0] != mask.shape[0]:
-            raise ValueError(f"advantages of shape (N,) must have N = {mask.shape[0]} rows like mask, "
+        if advantages.shape[0] != like.shape[0]:
+            raise ValueError(f"advantages of shape (N,) must have N = {like.shape[0]} rows like {like_name}, "
                              f"got {tuple(advantages.shape)}")
-        _check_finite_on(advantages, "advantages")
-        return advantages[:, None].expand(mask.shape)  # (N, T)
+        if mask is not None:
+            _check_finite_on(advantages, "advantages")
+        return advantages[:, None].expand(like.shape)  # (N, T), a view: every token gets A_i
     if advantages.dim() == 2:
-        _check_same_shape(advantages, "advantages", mask, "mask", "(N, T)")
-        _check_finite_on(advantages, "advantages", mask)
+        _check_same_shape(advantages, "advantages", like, like_name, "(N, T)")
+        if mask is not None:
+            _check_finite_on(advantages, "advantages", mask)
         return advantages
     raise ValueError(f"advantages must have shape (N,) or (N, T), got {tuple(advantages.shape)}")
 
@@ -298,15 +304,7 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
     if not eps_high >= 0:
         raise ValueError(f"eps_high must be >= 0, got {eps_high}")
-    if advantages.dim() == 1:
-        if advantages.shape[0] != logp.shape[0]:
-            raise ValueError(f"advantages of shape (N,) must have N = {logp.shape[0]} rows like logp, "
-                             f"got {tuple(advantages.shape)}")
-        advantages = advantages[:, None]  # (N, 1), broadcast over T
-    elif advantages.dim() == 2:
-        _check_same_shape(advantages, "advantages", logp, "logp", "(N, T)")
-    else:
-        raise ValueError(f"advantages must have shape (N,) or (N, T), got {tuple(advantages.shape)}")
+    advantages = _check_advantages(advantages, logp, "logp")  # (N, T)
     ratio = torch.exp(logp - old_logp)  # (N, T)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages
@@ -416,7 +414,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     _check_tensor(logp, "logp", 2, "(N, T)")
     _check_same_shape(old_logp, "old_logp", logp, "logp", "(N, T)")
     mask = _check_mask(mask, logp, "logp")
-    advantages = _check_advantages(advantages, mask)
+    advantages = _check_advantages(advantages, mask, "mask", mask)
     _check_finite_on(logp, "logp", mask)
     _check_finite_on(old_logp, "old_logp", mask)
     if not beta >= 0:
