@@ -901,8 +901,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
           f"{start_eval['sampled_accuracy']:.3f} sampled, mean length {start_eval['length']:.1f} tokens "
           f"({base.eval_size} problems)")
     runs = expand_methods(base, overrides)
-    strength = next((parse_list(a.cscr_strength, float, "")[0] for _, a in runs
-                     if parse_list(a.cscr_strength, float, "")[0] > 0), 1.0)
+    first_strengths = [parse_list(a.cscr_strength, float, "--cscr-strength")[0] for _, a in runs]
+    strength = next((s for s in first_strengths if s > 0), 1.0)  # the diagnosis uses the first CSCR strength
     diag_args = dataclasses.replace(base, cscr_strength=str(strength))
     diagnosis, picture = diagnose(model, tokenizer, diag_args, eval_problems[:32], strength, device)
     print(format_diagnosis(diagnosis))
