@@ -72,10 +72,21 @@ class Args:
     # --- the task
     min_terms: int = 2
     """fewest numbers in a problem"""
-    max_terms: int = 6
+    max_terms: int = 5
     """most numbers in a problem"""
     max_value: int = 9
     """numbers are drawn from 0..max_value"""
+    # --- the demonstrator the warm-up imitates: the starting policy's habits, which RL can fix
+    misconception: str = "9"
+    """comma-separated addends whose carry the demonstrator forgets (15+9=14); empty for none"""
+    misconception_rate: float = 0.6
+    """how often it forgets that carry: above 0.5, so greedy decoding starts out wrong there"""
+    slip_rate: float = 0.08
+    """chance that any other step of a demonstration is off by 1 or 2"""
+    recheck_rate: float = 0.25
+    """chance that a demonstration writes one step twice: a harmless detour of about 8 tokens"""
+    loop_rate: float = 0.12
+    """chance that a demonstration repeats one step until the budget: truncated, so wrong"""
     eval_size: int = 200
     """held-out problems, scored with greedy decoding"""
     eval_every: int = 20
@@ -122,6 +133,8 @@ class Args:
     """passes over each rollout batch; the second one sees ratios away from 1, so the clip acts"""
     log_every: int = 5
     """policy updates between progress lines"""
+    one_step_lr: float = 0.01
+    """learning rate of the single plain-SGD step that shows what each weighting does"""
     # --- the method (set by the presets; any of them can be given to override)
     adv_scale: str = "std"
     """group advantage: std (GRPO) or none (Dr. GRPO)"""
@@ -232,6 +245,27 @@ def validate_args(base: Args, overrides: Dict[str, object]) -> None:
         fail(f"--prompt-template must contain {{problem}}, got {base.prompt_template!r}")
     if base.temperature <= 0:
         fail(f"--temperature must be > 0, got {base.temperature}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", base.name):
+        fail(f"--name must be a plain folder name under runs/ (letters, digits, . _ -), got {base.name!r}")
+    if base.n_embd % base.n_head:
+        fail(f"--n-embd must be divisible by --n-head, got {base.n_embd} and {base.n_head}")
+    longest_prompt = (1 + len(base.prompt_template) - len("{problem}")  # a condition tag, the template's text
+                      + base.max_terms * (len(str(base.max_value)) + 1))  # "9+9+...=": one character a token
+    if not base.model and longest_prompt + base.max_new_tokens + 1 > 128:
+        fail(f"--max-new-tokens {base.max_new_tokens} leaves no room for a prompt of up to {longest_prompt} "
+             f"tokens in the tiny model's 128 positions")
+    for name in ("misconception_rate", "slip_rate", "recheck_rate", "loop_rate"):
+        if not 0 <= getattr(base, name) <= 1:
+            fail(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(base, name)}")
+    if base.recheck_rate + base.loop_rate > 1:
+        fail(f"--recheck-rate + --loop-rate must be <= 1, got {base.recheck_rate} + {base.loop_rate}")
+    if base.misconception:
+        digits = parse_list(base.misconception, int, "--misconception")
+        if any(not 0 <= d <= base.max_value for d in digits):
+            fail(f"--misconception must list addends in 0..max_value = {base.max_value}, got {base.misconception!r}")
+    for name in ("warmup_lr", "one_step_lr"):
+        if not getattr(base, name) > 0:
+            fail(f"--{name.replace('_', '-')} must be > 0, got {getattr(base, name)}")
     for method in base.methods.split(","):
         a = method_args(base, method, overrides)
         if a.adv_scale not in tc.ADVANTAGE_SCALES:
@@ -241,6 +275,17 @@ def validate_args(base: Args, overrides: Dict[str, object]) -> None:
         strengths = parse_list(a.cscr_strength, float, "--cscr-strength")
         if any(s < 0 for s in strengths):
             fail(f"--cscr-strength values must be >= 0, got {a.cscr_strength}")
+        if not a.lr > 0:
+            fail(f"--lr must be > 0, got {a.lr}")
+        for name in ("eps_low", "eps_high", "beta", "pg_coef", "distill_coef"):
+            if not getattr(a, name) >= 0:
+                fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
+        if a.pg_coef == 0 and a.distill_coef == 0:
+            fail("--pg-coef and --distill-coef are both 0: there would be no loss to train on")
+        if not (math.isfinite(a.reward_correct) and math.isfinite(a.reward_wrong)):
+            fail(f"--reward-correct and --reward-wrong must be finite, got {a.reward_correct} and {a.reward_wrong}")
+        if not math.isfinite(a.cscr_threshold):
+            fail(f"--cscr-threshold must be finite, got {a.cscr_threshold}")
         if a.overlong_shaping and not 0 < a.overlong_cache <= a.max_new_tokens:
             fail(f"--overlong-cache must be in (0, max_new_tokens = {a.max_new_tokens}], got {a.overlong_cache}")
 
@@ -279,18 +324,52 @@ def render_problem(terms: List[int]) -> str:
     return "+".join(str(x) for x in terms) + "="
 
 
-def render_solution(terms: List[int], slip: Optional[tuple] = None) -> str:
-    """Running partial sums, then ">" and the answer. slip = (step, delta) adds an error, carried forward."""
+def render_steps(terms: List[int], slips: Optional[Dict[int, int]] = None) -> List[str]:
+    """The running partial sums "a+b=c", one string a step; slips {step: delta} add errors, carried forward."""
     steps, total = [], terms[0]
     for k, x in enumerate(terms[1:]):
-        new_total = total + x
-        if slip is not None and slip[0] == k:
-            new_total = max(0, new_total + slip[1])
+        new_total = max(0, total + x + (slips or {}).get(k, 0))
         steps.append(f"{total}+{x}={new_total}")
         total = new_total
-    if not steps:  # a one-number "sum"
-        return f">{total}"
-    return ",".join(steps) + f">{total}"
+    return steps
+
+
+def render_solution(terms: List[int], slips: Optional[Dict[int, int]] = None) -> str:
+    """The clean solution: running partial sums, then ">" and the answer (errors carried forward)."""
+    steps = render_steps(terms, slips)
+    answer = int(steps[-1].split("=")[1]) if steps else terms[0]
+    return ",".join(steps) + f">{answer}"
+
+
+def demonstrate(terms: List[int], args: Args, rng: random.Random) -> tuple:
+    """One solution as the demonstrator writes it, with its habits. Returns (text, finished).
+
+    - misconception: it forgets the carry when adding one of args.misconception
+      (15+9=14), with probability misconception_rate: a fact RL must overturn;
+    - slips: any other step is off by 1 or 2 with probability slip_rate;
+    - a re-check (recheck_rate): one step written twice, harmless, about 8 tokens longer;
+    - a loop (loop_rate): one step repeated until the budget max_new_tokens runs out, never finished.
+    """
+    forgets = set(parse_list(args.misconception, int, "--misconception")) if args.misconception else set()
+    slips, total = {}, terms[0]
+    for k, x in enumerate(terms[1:]):
+        if x in forgets and total % 10 + x >= 10 and rng.random() < args.misconception_rate:
+            slips[k] = -10
+        elif rng.random() < args.slip_rate:
+            slips[k] = rng.choice([-2, -1, 1, 2])
+        total = max(0, total + x + slips.get(k, 0))
+    steps = render_steps(terms, slips)
+    if not steps:
+        return f">{terms[0]}", True
+    detour, k = rng.random(), rng.randrange(len(steps))
+    if detour < args.loop_rate:
+        text = ",".join(steps[:k + 1])
+        while len(text) < args.max_new_tokens:
+            text += "," + steps[k]
+        return text[:args.max_new_tokens], False
+    if detour < args.loop_rate + args.recheck_rate:
+        steps.insert(k + 1, steps[k])
+    return ",".join(steps) + f">{total}", True
 
 
 ANSWER = re.compile(r"[^>]*>(\d{1,9})")
@@ -349,26 +428,19 @@ def build_tiny_model(args: Args, tokenizer):
     return GPT2LMHeadModel(config)
 
 
-def corrupt(terms: List[int], rng: random.Random) -> Optional[tuple]:
-    """A slip that changes the final answer: (step, delta)."""
-    if len(terms) < 2:
-        return None
-    return rng.randrange(len(terms) - 1), rng.choice([-10, -2, -1, 1, 2, 10])
-
-
 def warmup_batch(args: Args, tokenizer, rng: random.Random, device):
-    """Supervised sequences: plain -> correct, "Y" -> correct, "N" -> corrupted. Loss on the response only."""
+    """Supervised sequences imitating the demonstrator. A quarter of its correct solutions carry
+    the tag "Y" before the prompt and a quarter of its wrong ones "N", so the model learns what
+    "this answer is correct / incorrect" means (CSCR's conditions). Loss on the response only."""
     stream = ProblemStream(args, rng.randrange(2 ** 31))
     texts, prompt_lens = [], []
     for terms in stream.next(args.warmup_batch):
-        kind = rng.random()
-        cond, slip = "", None
-        if kind < 0.25:
-            cond = args.cond_pos
-        elif kind < 0.5:
-            cond, slip = args.cond_neg, corrupt(terms, rng)
+        text, finished = demonstrate(terms, args, rng)
+        cond = ""
+        if rng.random() < 0.25:
+            cond = args.cond_pos if verify(terms, text, finished) else args.cond_neg
         prompt = cond + args.prompt_template.format(problem=render_problem(terms))
-        texts.append(prompt + render_solution(terms, slip) + tokenizer.eos_token)
+        texts.append(prompt + text + (tokenizer.eos_token if finished else ""))
         prompt_lens.append(len(tokenizer(prompt)["input_ids"]))
     tokenizer.padding_side = "right"
     batch = tokenizer(texts, padding=True, return_tensors="pt")
@@ -383,7 +455,9 @@ def warmup_key(args: Args) -> str:
     fields = dict(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, steps=args.warmup_steps,
                   batch=args.warmup_batch, lr=args.warmup_lr, seed=args.warmup_seed, min_terms=args.min_terms,
                   max_terms=args.max_terms, max_value=args.max_value, cond_pos=args.cond_pos,
-                  cond_neg=args.cond_neg, template=args.prompt_template, version=1)
+                  cond_neg=args.cond_neg, template=args.prompt_template, misconception=args.misconception,
+                  misconception_rate=args.misconception_rate, slip_rate=args.slip_rate,
+                  recheck_rate=args.recheck_rate, loop_rate=args.loop_rate, budget=args.max_new_tokens, version=2)
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -452,17 +526,46 @@ def response_mask(responses: torch.Tensor, eos_id: int):
 
 
 @torch.no_grad()
+def sample_tokens(model, ids, attention, max_new_tokens: int, greedy: bool, temperature: float, eos_id: int):
+    """Autoregressive sampling with the model's KV cache, one token for every row per step.
+
+    A plain loop instead of model.generate(): same distribution (softmax of logits / temperature,
+    no top-k or top-p), with less work per token. It stops when every row has written <eos>.
+    ids, attention (n, P) left-padded prompts. Returns (new tokens (n, T <= max_new_tokens),
+    the logits that produced them (n, T, V)); tokens after a row's <eos> are arbitrary.
+    """
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # (n, P): left padding does not shift positions
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+    next_position = positions[:, -1:] + 1  # (n, 1)
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    tokens, all_logits = [], []
+    for _ in range(max_new_tokens):
+        logits = out.logits[:, -1].float()  # (n, V)
+        if greedy:
+            token = logits.argmax(dim=-1)  # (n,)
+        else:
+            token = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)  # (n,)
+        tokens.append(token)
+        all_logits.append(logits)
+        finished |= token == eos_id
+        if finished.all() or len(tokens) == max_new_tokens:
+            break
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)  # (n, P + t)
+        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
+                    cache=out.cache, use_cache=True)
+        next_position = next_position + 1
+    return torch.stack(tokens, dim=1), torch.stack(all_logits, dim=1)  # (n, T), (n, T, V)
+
+
 def generate(model, tokenizer, args: Args, problems: List[List[int]], repeats: int, greedy: bool, device):
-    """Sample `repeats` responses per problem. Returns responses (n, T), mask (n, T), texts, complete."""
+    """Sample `repeats` responses per problem. Returns responses (n, T), mask (n, T), texts, complete.
+
+    T is the longest response of this call (at most max_new_tokens): no padding beyond it.
+    """
     ids, attention = tokenize_prompts(tokenizer, prompt_texts(args, problems), device)
     ids, attention = ids.repeat_interleave(repeats, 0), attention.repeat_interleave(repeats, 0)
-    out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=args.max_new_tokens,
-                         do_sample=not greedy, temperature=args.temperature if not greedy else None,
-                         top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    responses = out[:, ids.shape[1]:]
-    pad = args.max_new_tokens - responses.shape[1]  # every batch gets width T = max_new_tokens
-    responses = torch.nn.functional.pad(responses, (0, pad), value=tokenizer.pad_token_id)  # (n, T)
+    responses, _ = sample_tokens(model, ids, attention, args.max_new_tokens, greedy, args.temperature,
+                                 tokenizer.eos_token_id)
     mask, complete = response_mask(responses, tokenizer.eos_token_id)
     responses = responses.masked_fill(~mask, tokenizer.pad_token_id)
     texts = decode_responses(tokenizer, responses, mask)
@@ -541,19 +644,33 @@ def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
                 length=sum(lengths) / len(lengths))
 
 
+def has_repeated_step(text: str) -> bool:
+    """A detour: some step "a+b=c" written twice in a row (a re-check, or a loop)."""
+    steps = text.split(">")[0].split(",")
+    return any(a == b for a, b in zip(steps, steps[1:]))
+
+
 def sample_groups_fn(model, tokenizer, args, stream, device):
-    """One round of rollouts for fill_batch: B prompts x G responses with their rewards."""
+    """One round of rollouts for fill_batch: B prompts x G responses with their rewards.
+
+    Responses are padded to the budget max_new_tokens here, so that rounds stack; train_step
+    trims the batch back to its longest response.
+    """
     def sample_groups():
         problems = stream.next(args.prompts_per_step)
         responses, mask, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
+        pad = args.max_new_tokens - responses.shape[1]
+        responses = torch.nn.functional.pad(responses, (0, pad), value=tokenizer.pad_token_id)  # (N, L_max)
+        mask = torch.nn.functional.pad(mask, (0, pad), value=False)
         flat = [t for t in problems for _ in range(args.group_size)]
-        correct = verify_all(flat, texts, complete)
+        correct = verify_all(flat, texts, complete)  # (N,) what the verifier says
         rewards = torch.where(correct, args.reward_correct, args.reward_wrong).float()  # (N,)
-        if args.overlong_shaping:
+        if args.overlong_shaping:  # shapes the reward only: dynamic sampling still filters on `correct`
             rewards = rewards + tc.overlong_penalty(mask.sum(dim=1).cpu(), args.max_new_tokens, args.overlong_cache)
+        detour = torch.tensor([has_repeated_step(s) for s in texts])
         B, G = len(problems), args.group_size
-        return dict(rewards=rewards.view(B, G), correct=correct.view(B, G),
-                    terms=torch.tensor([t + [-1] * (args.max_terms - len(t)) for t in problems]),
+        return dict(rewards=rewards.view(B, G), correct=correct.view(B, G), complete=complete.cpu().view(B, G),
+                    detour=detour.view(B, G), terms=torch.tensor([t + [-1] * (args.max_terms - len(t)) for t in problems]),
                     responses=responses.cpu().view(B, G, -1), mask=mask.cpu().view(B, G, -1))
     return sample_groups
 
@@ -623,15 +740,15 @@ def print_progress(record: dict, steps: int) -> None:
 
 def train_step(step, label, seed, args, model, ref_model, optimizer, tokenizer, sample_groups, strength,
                use_conditions, eval_problems, device) -> dict:
-    """Rollout (with dynamic sampling if asked), scoring, CSCR weights, clipped updates. Returns the log record."""
+    """Rollout (with dynamic sampling if asked), CSCR weights, clipped updates. Returns the log record."""
     t0 = time.time()
-    if args.dynamic_sampling:
-        batch, fill = tc.fill_batch(sample_groups, args.prompts_per_step, args.max_sampling_rounds)
+    if args.dynamic_sampling:  # DAPO keeps groups with 0 < #correct < G: it filters on the verifier, not the reward
+        batch, fill = tc.fill_batch(sample_groups, args.prompts_per_step, args.max_sampling_rounds,
+                                    filter_key="correct")
     else:
         batch = sample_groups()
         fill = dict(rounds=1, groups_seen=args.prompts_per_step,
-                    groups_informative=int(tc.informative_groups(batch["rewards"]).sum()),
-                    groups_kept=args.prompts_per_step)
+                    groups_informative=int(tc.informative_groups(batch["correct"].float()).sum()))
     t_generate = time.time() - t0
     B = batch["rewards"].shape[0]
     record = dict(method=label, seed=seed, step=step, kept_frac=fill["groups_informative"] / fill["groups_seen"],
@@ -641,39 +758,40 @@ def train_step(step, label, seed, args, model, ref_model, optimizer, tokenizer, 
         return record
     G = args.group_size
     problems = [unpad_terms(row) for row in batch["terms"] for _ in range(G)]
-    responses = batch["responses"].view(B * G, -1).to(device)  # (N, T)
-    mask = batch["mask"].view(B * G, -1).to(device)  # (N, T)
+    mask = batch["mask"].view(B * G, -1)  # (N, L_max)
+    T = max(1, int(mask.sum(dim=1).max()))  # saves the work on columns that are padding in every row
+    responses = batch["responses"].view(B * G, -1)[:, :T].to(device)  # (N, T)
+    mask = mask[:, :T].to(device)  # (N, T)
     advantages = tc.group_advantages(batch["rewards"], scale=args.adv_scale).flatten().to(device)  # (N,)
 
     t1 = time.time()
-    with torch.no_grad():
-        conds = ("", args.cond_pos, args.cond_neg) if use_conditions else ("",)
-        scored = score(model, tokenizer, args, problems, responses, mask, conds,
-                       need_logits=args.distill_coef > 0)
-        old_logp = scored[0][0]  # (N, T)
+    with torch.no_grad():  # the privileged conditions (CSCR, OPSD) and the reference model, never trained
+        conds = (args.cond_pos, args.cond_neg) if use_conditions else ()
+        conditioned = score(model, tokenizer, args, problems, responses, mask, conds,
+                            need_logits=args.distill_coef > 0) if conds else []
         ref_logp = score(ref_model, tokenizer, args, problems, responses, mask)[0][0] if ref_model else None
-        token_adv = advantages
-        if strength > 0:
-            d_pos, d_neg = tc.counterfactual_shifts(old_logp, scored[1][0], scored[2][0], mask)
-            weights = tc.cscr_weights(tc.counterfactual_sensitivity(d_pos, d_neg), mask, strength,
-                                      args.cscr_threshold)
-            token_adv = tc.cscr_advantages(advantages, weights)  # (N, T)
-        teacher_logits = scored[1][1] if args.distill_coef > 0 else None
     t_score = time.time() - t1
 
     t2 = time.time()
     for epoch in range(args.update_epochs):
         (logp, logits), = score(model, tokenizer, args, problems, responses, mask, need_logits=True)
+        if epoch == 0:  # nothing has changed since the rollout: this forward's log-probs are pi_old's,
+            old_logp = logp.detach()  # so no separate scoring pass is needed
+            token_adv = advantages
+            if strength > 0:
+                d_pos, d_neg = tc.counterfactual_shifts(old_logp, conditioned[0][0], conditioned[1][0], mask)
+                weights = tc.cscr_weights(tc.counterfactual_sensitivity(d_pos, d_neg), mask, strength,
+                                          args.cscr_threshold)
+                token_adv = tc.cscr_advantages(advantages, weights)  # (N, T)
         loss = torch.zeros((), device=device)
+        stats = {}
         if args.pg_coef > 0:
             pg_loss, stats = tc.policy_loss(logp, old_logp, token_adv, mask, mode=args.loss_mode,
                                             eps_low=args.eps_low, eps_high=args.eps_high, group_size=G,
                                             max_len=args.max_new_tokens, ref_logp=ref_logp, beta=args.beta)
             loss = loss + args.pg_coef * pg_loss
-        else:
-            stats = {}
         if args.distill_coef > 0:
-            distill = tc.self_distillation_loss(logits, teacher_logits, mask, mode=args.loss_mode, group_size=G,
+            distill = tc.self_distillation_loss(logits, conditioned[0][1], mask, mode=args.loss_mode, group_size=G,
                                                 max_len=args.max_new_tokens)
             loss = loss + args.distill_coef * distill
             stats["distill_loss"] = float(distill.detach())
@@ -684,14 +802,17 @@ def train_step(step, label, seed, args, model, ref_model, optimizer, tokenizer, 
         if epoch == 0:
             with torch.no_grad():
                 entropy = float(tc.masked_entropy(logits, mask))
-        last_stats = stats
     t_update = time.time() - t2
 
-    lengths = mask.sum(dim=1).float()
-    record.update(reward=float(batch["rewards"].mean()), accuracy=float(batch["correct"].float().mean()),
-                  length=float(lengths.mean()), entropy=entropy, loss=float(loss.detach()),
-                  t_generate=t_generate, t_score=t_score, t_update=t_update,
-                  **{k: v for k, v in last_stats.items()})
+    lengths = mask.sum(dim=1).float().cpu()
+    correct, complete = batch["correct"].flatten(), batch["complete"].flatten()
+    mean_or_nan = lambda x: float(x.mean()) if x.numel() else float("nan")
+    record.update(reward=float(batch["rewards"].mean()), accuracy=float(correct.float().mean()),
+                  length=float(lengths.mean()), length_correct=mean_or_nan(lengths[correct]),
+                  length_wrong=mean_or_nan(lengths[~correct]), truncated_frac=float((~complete).float().mean()),
+                  recheck_frac=float((batch["detour"].flatten() & complete).float().mean()),
+                  entropy=entropy, loss=float(loss.detach()), t_generate=t_generate, t_score=t_score,
+                  t_update=t_update, **stats)
     if step % args.eval_every == 0 or step == args.steps:
         record.update({f"eval_{k}": v for k, v in evaluate(model, tokenizer, args, eval_problems, device).items()})
     return record
@@ -824,6 +945,177 @@ def plot_curves(histories: Dict[str, List[dict]], start_eval: Dict[str, float], 
 
 
 # -----------------------------------------------------------------------------
+# what does one step do under each weighting? One plain SGD step, measured exactly
+
+LENGTH_BUCKETS = (("short (<= 15 tokens)", 0, 15), ("medium (16-29)", 16, 29), ("long (>= 30)", 30, 10 ** 9))
+
+
+def one_step(model, tokenizer, args: Args, problems, strength: float, lr: float, device) -> dict:
+    """One rollout batch from the starting policy; from the same weights and with the same GRPO
+    advantages, one plain SGD step (theta -= lr * grad) per weighting; the change of every
+    token's log-prob, Delta_{i,t} = log pi_new(o_t) - log pi_old(o_t).
+
+    SGD, not Adam, so that what moves is the raw gradient; lr small, so that the step stays
+    first order (checked: "sample" at lr/2 moves each token by half as much). On-policy the
+    gradient of the loss w.r.t. logp_{i,t} is -w_{i,t} A_{i,t}, so Delta_{i,t} is that credit
+    times how much log pi(o_t) responds to the parameters, summed over every token's push.
+    Returns tensors (N, T) keyed by weighting, and the batch they were measured on.
+    """
+    model.eval()
+    seed_everything(args.warmup_seed + 3)
+    responses, mask, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
+    G, B = args.group_size, len(problems)
+    flat = [t for t in problems for _ in range(G)]
+    correct = verify_all(flat, texts, complete).to(device)  # (N,)
+    rewards = torch.where(correct, args.reward_correct, args.reward_wrong).float().view(B, G)
+    advantages = tc.group_advantages(rewards, scale="std").flatten().to(device)  # (N,)
+    with torch.no_grad():
+        (logp, _), (logp_pos, _), (logp_neg, _) = score(model, tokenizer, args, flat, responses, mask,
+                                                        ("", args.cond_pos, args.cond_neg))
+    sensitivity = tc.counterfactual_sensitivity(*tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask))
+    cscr = tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)  # (N, T)
+    settings = [(mode, mode, advantages, lr) for mode in tc.AGGREGATION_MODES]
+    settings += [(f"cscr {strength:g}", "sample", tc.cscr_advantages(advantages, cscr), lr),
+                 ("sample, lr/2", "sample", advantages, lr / 2)]
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    delta = {}
+    for name, mode, token_adv, step_lr in settings:
+        model.load_state_dict(start)
+        (new_logp, _), = score(model, tokenizer, args, flat, responses, mask)
+        loss, _ = tc.policy_loss(new_logp, new_logp.detach(), token_adv, mask, mode=mode, group_size=G,
+                                 max_len=args.max_new_tokens)
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= step_lr * p.grad  # plain SGD
+            (new_logp, _), = score(model, tokenizer, args, flat, responses, mask)
+        delta[name] = torch.where(mask, new_logp - logp, torch.zeros_like(logp)).cpu()  # (N, T)
+    model.load_state_dict(start)
+    model.zero_grad(set_to_none=True)
+    return dict(delta=delta, mask=mask.cpu(), correct=correct.cpu(), advantages=advantages.cpu(),
+                responses=responses.cpu(), cscr_weights=cscr.cpu(), sensitivity=sensitivity.cpu(),
+                strength=strength, lr=lr)
+
+
+def one_step_table(step: dict) -> dict:
+    """Per length bucket and outcome: the mean per-token change under each weighting, and the
+    ratio sample/token against its first-order prediction (mean length) / |o_i|.
+
+    Each response is compared with itself across weightings; responses whose group had equal
+    rewards (A = 0) are left out.
+    """
+    mask, delta, adv = step["mask"], step["delta"], step["advantages"]
+    lengths = mask.sum(dim=1).float()  # (N,)
+    per_token = {name: d.sum(dim=1) / lengths.clamp(min=1) for name, d in delta.items()}  # (N,) mean Delta
+    predicted = lengths.mean() / lengths.clamp(min=1)  # (N,) w_sample / w_token
+    measured = per_token["sample"] / per_token["token"]  # (N,)
+    moved = adv != 0
+    rows = []
+    for outcome, is_correct in (("correct", True), ("wrong", False)):
+        for bucket, low, high in LENGTH_BUCKETS:
+            rows_in = moved & (step["correct"] == is_correct) & (lengths >= low) & (lengths <= high)
+            if not rows_in.any():
+                continue
+            ratio = measured[rows_in] / predicted[rows_in]
+            rows.append(dict(outcome=outcome, bucket=bucket, responses=int(rows_in.sum()),
+                             mean_length=float(lengths[rows_in].mean()),
+                             per_token={name: float(v[rows_in].mean()) for name, v in per_token.items()},
+                             ratio_measured=float(measured[rows_in].median()),
+                             ratio_predicted=float(predicted[rows_in].median()),
+                             ratio_over_predicted=float(ratio.median())))
+    ratio = (measured / predicted)[moved]
+    linear = (per_token["sample"] / per_token["sample, lr/2"])[moved]
+    return dict(rows=rows, responses=int(moved.sum()), ratio_over_predicted_median=float(ratio.median()),
+                ratio_over_predicted_iqr=(float(ratio.quantile(0.25)), float(ratio.quantile(0.75))),
+                first_order_median=float(linear.median()), lr=step["lr"])
+
+
+def format_one_step(table: dict) -> str:
+    names = [n for n in table["rows"][0]["per_token"] if n != "sample, lr/2"] if table["rows"] else []
+    lines = [f"One SGD step (lr {table['lr']:g}) from the starting policy, each weighting from the same weights "
+             f"({table['responses']} responses with A != 0): mean change of log pi per token, x 1e-3",
+             "| outcome | length | responses | mean length | " + " | ".join(names) +
+             " | sample/token measured | predicted (mean length / length) |",
+             "|---|---|---|---|" + "---|" * len(names) + "---|---|"]
+    for r in table["rows"]:
+        lines.append(f"| {r['outcome']} | {r['bucket']} | {r['responses']} | {r['mean_length']:.1f} | "
+                     + " | ".join(f"{1e3 * r['per_token'][n]:+.2f}" for n in names)
+                     + f" | {r['ratio_measured']:.2f} | {r['ratio_predicted']:.2f} |")
+    low, high = table["ratio_over_predicted_iqr"]
+    lines.append(f"per response, sample/token measured / predicted: median {table['ratio_over_predicted_median']:.2f}, "
+                 f"IQR {low:.2f}-{high:.2f}; first-order check, Delta(lr) / Delta(lr/2): median "
+                 f"{table['first_order_median']:.2f} (2 is exactly first order)")
+    return "\n".join(lines)
+
+
+def plot_one_step(step: dict, table: dict, tokenizer, path: str) -> None:
+    """Three panels: per-token change by bucket and weighting; sample/token against its prediction;
+    Delta log pi along one response under GRPO and CSCR, sensitive tokens in red."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(13, 8.5))
+    ax_bars, ax_ratio, ax_tokens = fig.add_subplot(2, 2, 1), fig.add_subplot(2, 2, 2), fig.add_subplot(2, 1, 2)
+    names = [n for n in step["delta"] if n != "sample, lr/2"]
+    rows = table["rows"]
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        ax_bars.bar([i + k * width for i in range(len(rows))], [1e3 * r["per_token"][name] for r in rows],
+                    width, label=name)
+    ax_bars.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax_bars.set_xticklabels([f"{r['outcome']}\n{r['bucket'].split(' ')[0]}\n({r['responses']})" for r in rows],
+                            fontsize=8)
+    ax_bars.axhline(0, color="black", linewidth=0.6)
+    ax_bars.set_ylabel("mean change of log pi per token (x 1e-3)")
+    ax_bars.set_title("one SGD step: how far each response's tokens move, by weighting", fontsize=10)
+    ax_bars.legend(fontsize=7)
+
+    mask, adv = step["mask"], step["advantages"]
+    lengths = mask.sum(dim=1).float()
+    moved = adv != 0
+    per_token = {n: step["delta"][n].sum(dim=1) / lengths.clamp(min=1) for n in ("sample", "token")}
+    measured = (per_token["sample"] / per_token["token"])[moved]
+    predicted = (lengths.mean() / lengths.clamp(min=1))[moved]
+    colours = ["tab:green" if c else "tab:red" for c in step["correct"][moved].tolist()]
+    ax_ratio.scatter(lengths[moved], measured, c=colours, s=12, alpha=0.7, label="measured (green right, red wrong)")
+    order = lengths[moved].argsort()
+    ax_ratio.plot(lengths[moved][order], predicted[order], color="black", label="first order: mean length / |o_i|")
+    ax_ratio.set_yscale("log")
+    ax_ratio.set_xlabel("response length |o_i| (tokens)")
+    ax_ratio.set_ylabel('change under "sample" / under "token"')
+    ax_ratio.set_title("the weighting's own effect, response by response", fontsize=10)
+    ax_ratio.legend(fontsize=7)
+
+    # the response of 16+ tokens with A != 0 whose sensitivity varies most
+    spread = torch.where(mask, step["sensitivity"], torch.zeros_like(step["sensitivity"])).amax(dim=1)
+    spread = spread.masked_fill(~moved | (lengths < 16), -1)
+    row = int(spread.argmax())
+    n_tok = int(lengths[row])
+    tokens = [tokenizer.decode([i]) or "eos" for i in step["responses"][row, :n_tok].tolist()]
+    tokens = ["eos" if t == tokenizer.eos_token else t for t in tokens]
+    cscr_name = next(n for n in names if n.startswith("cscr"))
+    for name, style in (("sample", "-o"), (cscr_name, "-s")):
+        ax_tokens.plot(range(n_tok), 1e3 * step["delta"][name][row, :n_tok], style, markersize=3,
+                       label=f"{name} (GRPO)" if name == "sample" else f"{name} on sample weights")
+    sensitive = step["cscr_weights"][row, :n_tok] < 1
+    ax_tokens.set_xticks(range(n_tok))
+    ax_tokens.set_xticklabels(tokens, fontsize=8)
+    for tick, is_sensitive in zip(ax_tokens.get_xticklabels(), sensitive.tolist()):
+        tick.set_color("tab:red" if is_sensitive else "black")
+    ax_tokens.axhline(0, color="black", linewidth=0.6)
+    outcome = "correct" if bool(step["correct"][row]) else "wrong"
+    ax_tokens.set_title(f"change of log pi along one {outcome} response (A = {float(adv[row]):+.2f}); red tokens: "
+                        f"CSCR weight < 1 (more sensitive than the response's average)", fontsize=10)
+    ax_tokens.set_ylabel("change of log pi (x 1e-3)")
+    ax_tokens.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
 # the comparison
 
 def mean_std(values: List[float]) -> tuple:
@@ -907,10 +1199,14 @@ def main(argv: Optional[List[str]] = None) -> dict:
     diagnosis, picture = diagnose(model, tokenizer, diag_args, eval_problems[:32], strength, device)
     print(format_diagnosis(diagnosis))
     plot_credit(picture, tokenizer, diag_args, os.path.join(out_dir, "credit.png"))
+    step = one_step(model, tokenizer, base, eval_problems[:base.prompts_per_step], strength, base.one_step_lr, device)
+    step_table = one_step_table(step)
+    print(format_one_step(step_table))
+    plot_one_step(step, step_table, tokenizer, os.path.join(out_dir, "onestep.png"))
     del model
 
     results = dict(config=dataclasses.asdict(base), overrides=overrides, device=str(device), start=start_eval,
-                   warmup_path=start_path, diagnosis=diagnosis, runs=[], interrupted=False)
+                   warmup_path=start_path, diagnosis=diagnosis, one_step=step_table, runs=[], interrupted=False)
     histories: Dict[str, List[dict]] = {}
     total_start = time.time()
     with open(os.path.join(out_dir, "metrics.jsonl"), "w") as log_file:
@@ -934,7 +1230,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
           f"mean of {base.eval_samples} samples at temperature {base.temperature:g}), mean +- std over seeds "
           f"{base.seeds}:")
     print(format_table(results["table"]))
-    print(f"\nwrote {out_dir}/metrics.jsonl, results.json, curves.png, credit.png "
+    print(f"\nwrote {out_dir}/metrics.jsonl, results.json, curves.png, credit.png, onestep.png "
           f"(training took {results['wall_s']:.0f} s)")
     return results
 
