@@ -1092,6 +1092,18 @@ def readme_examples():
         lines.append(f"{mode:<13} {w[0, 0].item():<19.6f} {w[1, 0].item():<20.6f} {w[0, 0].item() / w[1, 0].item():<12.1f} "
                      f"({share[0].item():.3f}, {share[1].item():.3f})")
     blocks.append("\n".join(lines))
+    # 2b. two prompts: "token" and "group_token" part
+    mask = torch.zeros(4, 1000)
+    for i, length in enumerate((100, 1000, 10, 10)):
+        mask[i, :length] = 1
+    lines = ["mode          one token of each answer (x 1e-4)      share of the update per answer",
+             "              100     1000  |   10      10           100    1000  |  10     10"]
+    for mode in tc.AGGREGATION_MODES:
+        w = tc.token_weights(mask, mode, group_size=2, max_len=1000)
+        one, share = w[:, 0] * 1e4, w.sum(dim=1)
+        lines.append(f"{mode:<13} {one[0]:<7.2f} {one[1]:<5.2f} | {one[2]:<7.2f} {one[3]:<12.2f} "
+                     f"{share[0]:<6.3f} {share[1]:<6.3f}| {share[2]:<6.3f} {share[3]:.3f}")
+    blocks.append("\n".join(lines))
     # 3. overlong
     lengths = torch.tensor([10, 12, 13, 14, 16, 17])
     pen = tc.overlong_penalty(lengths, max_len=16, cache_len=4)
@@ -1114,6 +1126,17 @@ def readme_examples():
         a = tc.cscr_advantages(torch.tensor([0.5]), w)
         lines.append(f"strength {strength:<3} weights         " + " ".join(f"{x:>6.3f}" for x in w[0, :4].tolist()) +
                      f"   A_t sum {a.sum().item():.3f} = 4 x 0.5")
+    blocks.append("\n".join(lines))
+    # 6. REINFORCE -> with a baseline -> PPO-clip: the gradient each surrogate sends to log pi(o_t)
+    rho = torch.tensor([[1.0, 1.1, 1.5, 1.0, 0.9, 0.5]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)
+    lines = ["rho                        " + " ".join(f"{x:>6.2f}" for x in rho[0].tolist()),
+             "A                          " + " ".join(f"{x:>+6.0f}" for x in adv[0].tolist())]
+    for name, fn in (("-A log pi          (grad)", lambda lp: tc.policy_gradient_surrogate(lp, adv)),
+                     ("clipped, eps = 0.2 (grad)", lambda lp: tc.clipped_surrogate(lp, torch.zeros_like(lp), adv))):
+        logp = torch.log(rho).requires_grad_()
+        fn(logp).sum().backward()
+        lines.append(f"{name}  " + " ".join(f"{x:>+6.2f}" for x in logp.grad[0].tolist()))
     blocks.append("\n".join(lines))
     return blocks
 
