@@ -666,6 +666,14 @@ def test_fill_batch_filters_on_the_key_it_is_given():
     assert as_float["correct"].shape == (1, 3)
 
 
+def test_policy_loss_finite_check_looks_for_a_culprit_only_when_the_sum_is_not_finite():
+    # two finite advantages whose sum overflows float32: the combined check's sum is inf, yet no
+    # input is bad, so nothing is raised and the loss is the exact mean
+    adv = torch.tensor([3e38, 3e38])
+    loss, _ = tc.policy_loss(torch.zeros(2, 1), torch.zeros(2, 1), adv, torch.ones(2, 1), mode="sample")
+    assert loss.item() == pytest.approx(-3e38)
+
+
 # -----------------------------------------------------------------------------
 # REINFORCE -> with a baseline -> PPO-clip, and a clip range that can be switched off
 
