@@ -520,6 +520,330 @@ def test_self_distillation_loss():
 
 
 # -----------------------------------------------------------------------------
+# tests that tell plausible wrong equations apart (each one fails for a named mistake)
+
+def test_group_advantages_eps_sits_outside_the_square_root():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    # mean 0.25, Bessel std 0.5; with eps = 1: A = (0.75, -0.25, ...) / (0.5 + 1) = (0.5, -1/6, ...)
+    # (eps inside the root would give / sqrt(0.25 + 1) = / 1.118)
+    got = tc.group_advantages(rewards, scale="std", eps=1.0)
+    assert torch.allclose(got, torch.tensor([[0.5, -1 / 6, -1 / 6, -1 / 6]]), atol=1e-7)
+    g = torch.Generator().manual_seed(16)
+    rewards = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    assert torch.allclose(tc.group_advantages(rewards, "std", eps=0.5), ref_group_advantages(rewards, "std", 0.5).double())
+
+
+def test_group_advantages_forces_zero_where_the_mean_does_not_round_back():
+    equal = torch.full((1, 8), 0.1)  # G = 8: the mean of eight 0.1s is not 0.1 in float32
+    assert (equal - equal.mean(dim=1, keepdim=True)).abs().max() > 0  # the data can tell the two apart
+    for scale in ("std", "none"):
+        assert torch.equal(tc.group_advantages(equal, scale), torch.zeros(1, 8))
+
+
+def test_constant_mode_uses_max_len_not_the_padded_width():
+    g = torch.Generator().manual_seed(17)
+    N, T, max_len = 6, 10, 23  # max_len != T: verl's default divides by the padded width T
+    mask = random_mask(N, T, g)
+    assert torch.allclose(tc.token_weights(mask, "constant", max_len=max_len), mask / (N * max_len))
+    logp = -torch.rand(N, T, generator=g, dtype=torch.float64)
+    old = logp + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    loss, _ = tc.policy_loss(logp, old, adv, mask, mode="constant", max_len=max_len)
+    assert loss.item() == pytest.approx(ref_loss(logp, old, adv, mask, "constant", 0.2, 0.2, max_len=max_len), rel=1e-12)
+
+
+def test_constant_mode_accepts_any_positive_constant():
+    mask = torch.zeros(2, 1000)
+    mask[0, :994] = 1  # 994 real tokens, far more than the constant below
+    x = torch.randn(2, 1000, dtype=torch.float64)
+    # SFT style: a masked sum over the batch divided by 1.0 is max_len = 1 / N here
+    assert tc.aggregate(x, mask, "constant", max_len=0.5).item() == pytest.approx(x[0, :994].sum().item(), rel=1e-12)
+    assert tc.aggregate(x, mask, "constant", max_len=42).item() == pytest.approx(x[0, :994].sum().item() / 84, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", tc.AGGREGATION_MODES)
+def test_on_policy_gradient_with_kl(mode):
+    # d loss / d logp = w * (-A + beta * (1 - pi_ref / pi)) on-policy, for both surrogates
+    g = torch.Generator().manual_seed(18)
+    N, T, G, beta = 8, 6, 4, 0.3
+    mask = random_mask(N, T, g)
+    old = -torch.rand(N, T, generator=g, dtype=torch.float64)
+    ref_logp = old + 0.5 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(N, T, generator=g, dtype=torch.float64)
+    w = tc.token_weights(mask, mode, group_size=G, max_len=T + 5, dtype=torch.float64)
+    expected = w * (-adv + beta * (1 - torch.exp(ref_logp - old)))
+    for surrogate in tc.SURROGATES:
+        logp = old.clone().requires_grad_()
+        loss, stats = tc.policy_loss(logp, old, adv, mask, mode=mode, group_size=G, max_len=T + 5,
+                                     ref_logp=ref_logp, beta=beta, surrogate=surrogate)
+        loss.backward()
+        assert torch.allclose(logp.grad, expected, atol=1e-12)
+    kl = [float(r - math.log(r) - 1) for r in torch.exp(ref_logp - old)[mask].tolist()]
+    assert stats["kl_mean"] == pytest.approx(sum(kl) / len(kl))
+
+
+def test_kl_k3_expected_gradient_is_that_of_kl_from_ref_to_policy():
+    # a 5-token categorical: sample o ~ pi_theta exactly, by weighting each token with pi_theta(o)
+    g = torch.Generator().manual_seed(19)
+    logits = torch.randn(5, generator=g, dtype=torch.float64).requires_grad_()
+    ref = torch.log_softmax(torch.randn(5, generator=g, dtype=torch.float64), dim=-1)
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    k3 = tc.kl_k3(logp[None], ref[None])[0]  # (5,)
+    kl_pi_ref = (p * (logp - ref)).sum()  # KL(pi_theta || pi_ref)
+    kl_ref_pi = (ref.exp() * (ref - logp)).sum()  # KL(pi_ref || pi_theta)
+    assert (p * k3).sum().item() == pytest.approx(kl_pi_ref.item(), rel=1e-12)  # the value is unbiased
+    expected_grad, = torch.autograd.grad((p.detach() * k3).sum(), logits, retain_graph=True)  # of the loss term, in expectation
+    grad_ref_pi, = torch.autograd.grad(kl_ref_pi, logits, retain_graph=True)
+    grad_pi_ref, = torch.autograd.grad(kl_pi_ref, logits)
+    assert torch.allclose(expected_grad, grad_ref_pi, atol=1e-12)
+    assert not torch.allclose(expected_grad, grad_pi_ref, atol=1e-3)
+
+
+def test_sensitivity_takes_absolute_values():
+    d_pos = torch.tensor([[-0.5, 0.3, -0.1]])
+    d_neg = torch.tensor([[-0.2, -0.9, 0.4]])
+    # both negative: 0.5 (not max(-0.5, -0.2) = -0.2); opposite signs: 0.9, 0.4
+    assert torch.allclose(tc.counterfactual_sensitivity(d_pos, d_neg), torch.tensor([[0.5, 0.9, 0.4]]))
+
+
+def test_shift_diagnostics_affected_threshold_and_common_differential_parts():
+    d_pos = torch.tensor([[0.5, -0.5, 0.02, -0.3, 7.0]])
+    d_neg = torch.tensor([[0.2, 1.0, 0.01, -0.1, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    # min_shift 0.1: token 2 (max shift 0.02) is not affected; padding never counts
+    diag = tc.shift_diagnostics(d_pos, d_neg, mask, min_shift=0.1)
+    assert diag["num_tokens"] == 4 and diag["num_affected"] == 3
+    assert diag["same_direction"] == pytest.approx(2 / 3) and diag["sign_reversal"] == pytest.approx(1 / 3)
+    assert diag["mean_abs_common"] == pytest.approx((0.35 + 0.25 + 0.2) / 3)  # |d+ + d-| / 2
+    assert diag["mean_abs_differential"] == pytest.approx((0.15 + 0.75 + 0.1) / 3)  # |d+ - d-| / 2
+    assert diag["mean_sensitivity"] == pytest.approx((0.5 + 1.0 + 0.3) / 3)
+    everything = tc.shift_diagnostics(d_pos, d_neg, mask)  # min_shift 0: every real token
+    assert everything["num_affected"] == 4 and everything["same_direction"] == pytest.approx(3 / 4)
+    nothing = tc.shift_diagnostics(d_pos, d_neg, mask, min_shift=100.0)
+    assert nothing["num_affected"] == 0 and nothing["same_direction"] == 0.0
+
+
+def test_token_weights_count_lengths_in_float32_whatever_the_dtype():
+    mask = torch.ones(1, 257)  # bf16 rounds 257 to 256
+    w = tc.token_weights(mask, "sample", dtype=torch.bfloat16)
+    assert w.dtype == torch.bfloat16
+    assert torch.equal(w, tc.token_weights(mask, "sample").to(torch.bfloat16))
+    assert w[0, 0].item() != 1 / 256
+
+
+def test_self_distillation_padding_garbage_reaches_no_gradient():
+    g = torch.Generator().manual_seed(20)
+    N, T, V = 3, 5, 4
+    mask = random_mask(N, T, g)
+    student, teacher = torch.randn(N, T, V, generator=g), torch.randn(N, T, V, generator=g)
+    results = []
+    for fill in (None, float("nan"), float("inf")):
+        s, t = student.clone(), teacher.clone()
+        if fill is not None:
+            s[~mask], t[~mask] = fill, fill
+        s.requires_grad_()
+        loss = tc.self_distillation_loss(s, t, mask, mode="token")
+        loss.backward()
+        results.append((loss.detach(), s.grad))
+    for loss, grad in results[1:]:
+        assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
+    assert torch.isfinite(results[0][1]).all() and (results[0][1][~mask] == 0).all()
+
+
+def test_fill_batch_filters_on_the_key_it_is_given():
+    # three groups of G = 3; "rewards" carry a soft overlong penalty, "correct" is the verifier's verdict
+    correct = torch.tensor([[False, False, False], [True, False, False], [True, True, True]])
+    rewards = torch.tensor([[-1.0, -1.125, -1.0],  # all wrong, but the shaped rewards differ
+                            [1.0, -1.0, -1.0],
+                            [1.0, 0.875, 1.0]])  # all right, shaped rewards differ
+    sample = lambda: {"rewards": rewards, "correct": correct, "group_id": torch.arange(3)}
+    by_correct, stats = tc.fill_batch(sample, batch_size=3, max_rounds=1, filter_key="correct")
+    assert by_correct["group_id"].tolist() == [1] and stats["groups_informative"] == 1
+    by_reward, _ = tc.fill_batch(sample, batch_size=3, max_rounds=1)  # the default, "rewards", keeps all three
+    assert by_reward["group_id"].tolist() == [0, 1, 2]
+    as_float, _ = tc.fill_batch(lambda: {"correct": correct.float()}, batch_size=3, max_rounds=1, filter_key="correct")
+    assert as_float["correct"].shape == (1, 3)
+
+
+def test_policy_loss_finite_check_looks_for_a_culprit_only_when_the_sum_is_not_finite():
+    # two finite advantages whose sum overflows float32: the combined check's sum is inf, yet no
+    # input is bad, so nothing is raised and the loss is the exact mean
+    adv = torch.tensor([3e38, 3e38])
+    loss, _ = tc.policy_loss(torch.zeros(2, 1), torch.zeros(2, 1), adv, torch.ones(2, 1), mode="sample")
+    assert loss.item() == pytest.approx(-3e38)
+
+
+# -----------------------------------------------------------------------------
+# REINFORCE -> with a baseline -> PPO-clip, and a clip range that can be switched off
+
+def test_policy_gradient_surrogate_hand_worked_and_loop():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.8]]))
+    got = tc.policy_gradient_surrogate(logp, torch.tensor([2.0]))  # raw reward 2 on every token
+    assert torch.allclose(got, torch.tensor([[2 * math.log(2), 4 * math.log(2), -2 * math.log(0.8)]]))
+    g = torch.Generator().manual_seed(21)
+    logp = -torch.rand(4, 6, generator=g)
+    adv = torch.randn(4, 6, generator=g)
+    loop = [[-float(adv[i, t]) * float(logp[i, t]) for t in range(6)] for i in range(4)]
+    assert torch.allclose(tc.policy_gradient_surrogate(logp, adv), torch.tensor(loop))
+
+
+def test_reinforce_and_clip_share_the_on_policy_gradient_and_part_off_policy():
+    # rho:   1.0 (on-policy)   1.1 (inside the clip)   1.5 (beyond 1 + eps_high, A > 0)   0.5 (below, A < 0)
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0]], dtype=torch.float64)
+    grads = {}
+    for name, fn in (("reinforce", lambda lp: tc.policy_gradient_surrogate(lp, adv)),
+                     ("clip", lambda lp: tc.clipped_surrogate(lp, old, adv))):
+        logp = torch.log(torch.tensor([[1.0, 1.1, 1.5, 0.5]], dtype=torch.float64)).requires_grad_()
+        fn(logp).sum().backward()
+        grads[name] = logp.grad[0].tolist()
+    assert grads["reinforce"] == pytest.approx([-1.0, -1.0, -1.0, 1.0])  # -A, whatever rho is
+    assert grads["clip"] == pytest.approx([-1.0, -1.1, 0.0, 0.0])  # -rho A inside the clip, 0 beyond it
+    # and through policy_loss, on-policy, for random data: the two gradients are equal
+    g = torch.Generator().manual_seed(22)
+    mask = random_mask(6, 7, g)
+    old = -torch.rand(6, 7, generator=g, dtype=torch.float64)
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    per_surrogate = []
+    for surrogate in tc.SURROGATES:
+        logp = old.clone().requires_grad_()
+        tc.policy_loss(logp, old, adv, mask, mode="sample", surrogate=surrogate)[0].backward()
+        per_surrogate.append(logp.grad)
+    assert torch.allclose(per_surrogate[0], per_surrogate[1], atol=1e-15)
+
+
+@pytest.mark.parametrize("mode", tc.AGGREGATION_MODES)
+def test_policy_loss_reinforce_matches_loop_reference(mode):
+    g = torch.Generator().manual_seed(23)
+    N, T, G = 8, 9, 4
+    mask = random_mask(N, T, g)
+    logp = -torch.rand(N, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    loss, stats = tc.policy_loss(logp, None, adv, mask, mode=mode, group_size=G, max_len=T + 2, surrogate="reinforce")
+    expected = tc.aggregate(tc.policy_gradient_surrogate(logp, adv), mask, mode, G, T + 2)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    if mode == "token":
+        terms = [-float(adv[i]) * float(logp[i, t]) for i in range(N) for t in range(T) if mask[i, t]]
+        assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-12)
+    assert stats == dict(num_tokens=int(mask.sum()))
+
+
+def test_clip_switched_off_and_eps_low_beyond_one():
+    rho = torch.tensor([[0.01, 0.5, 1.0, 3.0]])
+    old = torch.zeros(1, 4)
+    for a in (1.0, -1.0):
+        adv = torch.tensor([a])
+        # eps_low >= 1 puts the lower bound at or below 0, where no ratio goes: the lower clip is off
+        off = tc.clipped_surrogate(torch.log(rho), old, adv, eps_low=10.0, eps_high=float("inf"))
+        assert torch.allclose(off, -rho * a)  # plain importance-weighted policy gradient
+        assert torch.allclose(tc.clipped_surrogate(torch.log(rho), old, adv, eps_low=0.999999, eps_high=1e9), off)
+    # only the lower clip off: A < 0 with rho = 0.01 is no longer held at 1 - eps_low
+    low_off = tc.clipped_surrogate(torch.log(rho), old, torch.tensor([-1.0]), eps_low=1.0, eps_high=0.2)
+    assert torch.allclose(low_off, torch.tensor([[0.01, 0.5, 1.0, 3.0]]))
+    assert torch.allclose(tc.clipped_surrogate(torch.log(rho), old, torch.tensor([-1.0])), torch.tensor([[0.8, 0.8, 1.0, 3.0]]))
+
+
+# -----------------------------------------------------------------------------
+# translation: verl loss_agg_mode, TRL loss_type and course helpers, each written literally
+
+def translation_data(seed, N=6, T=8, empty=None):
+    g = torch.Generator().manual_seed(seed)
+    mask = random_mask(N, T, g)
+    if empty is not None:
+        mask[empty] = False
+    return torch.randn(N, T, generator=g, dtype=torch.float64), mask
+
+
+def test_verl_loss_agg_mode_translation():
+    # verl 0.8.0.dev, verl/trainer/ppo/core_algos.py agg_loss, one process (dp_size 1, defaults)
+    x, mask = translation_data(24)
+    N, T = mask.shape
+    rows = [[(float(x[i, t]), bool(mask[i, t])) for t in range(T)] for i in range(N)]
+    seq_sum = [sum(v for v, m in row if m) for row in rows]
+    seq_len = [sum(1 for _, m in row if m) for row in rows]
+    nonempty = [n > 0 for n in seq_len]
+    token_mean = sum(seq_sum) / sum(seq_len)
+    seq_mean_token_sum = sum(s for s, ok in zip(seq_sum, nonempty) if ok) / sum(nonempty)
+    seq_mean_token_mean = sum(s / (n + 1e-8) for s, n, ok in zip(seq_sum, seq_len, nonempty) if ok) / sum(nonempty)
+    loss_scale_factor = T  # verl's default: the padded width
+    seq_mean_token_sum_norm = sum(seq_sum) / loss_scale_factor
+    assert tc.aggregate(x, mask, "token").item() == pytest.approx(token_mean, rel=1e-12)
+    assert tc.aggregate(x, mask, "constant", max_len=1.0).item() == pytest.approx(seq_mean_token_sum, rel=1e-12)
+    assert tc.aggregate(x, mask, "sample").item() == pytest.approx(seq_mean_token_mean, rel=1e-7)  # verl's +1e-8
+    assert tc.aggregate(x, mask, "constant", max_len=T / N).item() == pytest.approx(seq_mean_token_sum_norm, rel=1e-12)
+
+
+def test_trl_loss_type_translation():
+    # TRL 1.10.0.dev0, trl/trainer/grpo_trainer.py _compute_loss, one process, no gradient accumulation
+    x, mask = translation_data(25, empty=2)  # TRL clamps the lengths, so an empty answer is fine
+    N, T = mask.shape
+    max_completion_length = 11
+    rows = [[(float(x[i, t]), bool(mask[i, t])) for t in range(T)] for i in range(N)]
+    seq_sum = [sum(v for v, m in row if m) for row in rows]
+    seq_len = [sum(1 for _, m in row if m) for row in rows]
+    grpo = sum(s / max(n, 1) for s, n in zip(seq_sum, seq_len)) / N
+    bnpo = sum(seq_sum) / max(sum(seq_len), 1)
+    dr_grpo = sum(seq_sum) / (N * max_completion_length)
+    num_items_in_batch = sum(seq_len)  # one process, one micro-batch: the batch's tokens
+    dapo = sum(seq_sum) / max(num_items_in_batch, 1)
+    assert tc.aggregate(x, mask, "sample").item() == pytest.approx(grpo, rel=1e-12)
+    assert tc.aggregate(x, mask, "token").item() == pytest.approx(bnpo, rel=1e-12)
+    assert tc.aggregate(x, mask, "constant", max_len=max_completion_length).item() == pytest.approx(dr_grpo, rel=1e-12)
+    assert tc.aggregate(x, mask, "token").item() == pytest.approx(dapo, rel=1e-12)
+
+
+def test_course_helpers_translation():
+    # course-style GRPO helpers (Stanford CS336 Spring 2025, assignment 5 interfaces)
+    x, mask = translation_data(26)
+    N, T = mask.shape
+    C = 5.0
+    pairs = [(float(x[i, t]), int(mask[i, t])) for i in range(N) for t in range(T)]
+    masked_mean_all = sum(v * m for v, m in pairs) / sum(m for _, m in pairs)  # masked_mean(x, mask)
+    masked_normalize_all = sum(v * m for v, m in pairs) / C  # masked_normalize(x, mask, C)
+    per_row = [sum(float(x[i, t]) * int(mask[i, t]) for t in range(T)) for i in range(N)]
+    masked_mean_rows = sum(s / int(mask[i].sum()) for i, s in enumerate(per_row)) / N  # masked_mean(x, mask, dim=-1).mean()
+    masked_normalize_rows = sum(s / C for s in per_row) / N  # masked_normalize(x, mask, C, dim=-1).mean()
+    assert tc.aggregate(x, mask, "token").item() == pytest.approx(masked_mean_all, rel=1e-12)
+    assert tc.aggregate(x, mask, "constant", max_len=C / N).item() == pytest.approx(masked_normalize_all, rel=1e-12)
+    assert tc.aggregate(x, mask, "sample").item() == pytest.approx(masked_mean_rows, rel=1e-12)
+    assert tc.aggregate(x, mask, "constant", max_len=C).item() == pytest.approx(masked_normalize_rows, rel=1e-12)
+    # the three policy-gradient loss types, per token
+    g = torch.Generator().manual_seed(27)
+    logp, old = -torch.rand(N, T, generator=g, dtype=torch.float64), -torch.rand(N, T, generator=g, dtype=torch.float64)
+    raw_rewards = torch.randint(0, 2, (N,), generator=g).double()
+    adv = raw_rewards - raw_rewards.mean()
+    cliprange = 0.2
+    no_baseline = [[-float(raw_rewards[i]) * float(logp[i, t]) for t in range(T)] for i in range(N)]
+    with_baseline = [[-float(adv[i]) * float(logp[i, t]) for t in range(T)] for i in range(N)]
+    grpo_clip = []
+    for i in range(N):
+        row = []
+        for t in range(T):
+            ratio = math.exp(float(logp[i, t]) - float(old[i, t]))
+            row.append(-min(ratio * float(adv[i]), min(max(ratio, 1 - cliprange), 1 + cliprange) * float(adv[i])))
+        grpo_clip.append(row)
+    assert torch.allclose(tc.policy_gradient_surrogate(logp, raw_rewards), torch.tensor(no_baseline, dtype=torch.float64))
+    assert torch.allclose(tc.policy_gradient_surrogate(logp, adv), torch.tensor(with_baseline, dtype=torch.float64))
+    assert torch.allclose(tc.clipped_surrogate(logp, old, adv, cliprange, cliprange), torch.tensor(grpo_clip, dtype=torch.float64))
+
+
+def test_empty_response_gives_zero_here_and_nan_where_code_divides_by_the_mask_sum():
+    x, mask = translation_data(28, empty=1)
+    N, T = mask.shape
+    per_row_mean = (x * mask).sum(dim=-1) / mask.sum(dim=-1)  # masked_mean(x, mask, dim=-1): 0 / 0 on row 1
+    assert math.isnan(per_row_mean[1].item()) and math.isnan(per_row_mean.mean().item())
+    for mode in tc.AGGREGATION_MODES:
+        w = tc.token_weights(mask, mode, group_size=3, max_len=T)
+        assert torch.isfinite(w).all() and w[1].sum() == 0  # the empty response gets weight 0
+    loss = tc.aggregate(x, mask, "sample")  # the others' share: the empty response contributes 0
+    rows = [float((x[i] * mask[i]).sum() / mask[i].sum()) for i in range(N) if i != 1]
+    assert loss.item() == pytest.approx(sum(rows) / N, rel=1e-12)
+    all_empty = tc.aggregate(x, torch.zeros(N, T), "token")
+    assert all_empty.item() == 0.0
+
+
+# -----------------------------------------------------------------------------
 # bad input: a ValueError that names what was expected and what came
 
 @pytest.mark.parametrize("call, message", [
@@ -531,7 +855,9 @@ def test_self_distillation_loss():
     (lambda: tc.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=5), r"cache_len must be an int in \(0, max_len = 4\], got 5"),
     (lambda: tc.token_weights(torch.ones(2, 3), "sequence"), "mode must be one of .*'sample'.*got 'sequence'"),
     (lambda: tc.token_weights(torch.ones(2, 3), "constant"), "mode 'constant' needs max_len.*got None"),
-    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=2), "max_len >= the longest response = 3, got 2"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=0), "positive finite constant .*got 0"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=-1.0), "positive finite constant .*got -1.0"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=float("inf")), "positive finite constant .*got inf"),
     (lambda: tc.token_weights(torch.ones(6, 3), "group_token", group_size=4), "group_size.*dividing N = 6, got 4"),
     (lambda: tc.token_weights(torch.full((2, 3), 2.0), "token"), "mask must hold only 0 and 1, got value 2.0"),
     (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 12), torch.zeros(8), torch.ones(8, 11)),
@@ -548,7 +874,18 @@ def test_self_distillation_loss():
      "mode must be one of"),
     (lambda: tc.policy_loss(torch.zeros(2, 3, 1), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3)),
      r"logp must have 2 dimensions \(N, T\), got shape \(2, 3, 1\)"),
-    (lambda: tc.clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), eps_low=1.0), r"eps_low must be in \[0, 1\), got 1.0"),
+    (lambda: tc.clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), eps_low=-0.1), "eps_low must be >= 0, got -0.1"),
+    (lambda: tc.clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), eps_high=float("nan")), "eps_high must be >= 0, got nan"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), eps_high=-1.0), "eps_high must be >= 0, got -1.0"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), surrogate="ppo"), r"surrogate must be one of \('clip', 'reinforce'\), got 'ppo'"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), None, torch.zeros(2), torch.ones(2, 3)), r"old_logp must be a torch.Tensor of shape \(N, T\), got NoneType"),
+    (lambda: tc.policy_loss(torch.tensor([[0.0, float("nan")]]), torch.zeros(1, 2), torch.zeros(1), torch.ones(1, 2)), r"logp must be finite on real tokens, got nan at index \(0, 1\)"),
+    (lambda: tc.policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[0.0, float("inf")]]), torch.ones(1, 2)), r"advantages must be finite on real tokens, got inf at index \(0, 1\)"),
+    (lambda: tc.policy_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([0.0, float("nan")]), torch.ones(2, 2)), r"advantages must be finite on real tokens, got nan at index \(1,\)"),
+    (lambda: tc.policy_loss(torch.zeros(1, 2), None, torch.zeros(1), torch.ones(1, 2), surrogate="reinforce", ref_logp=torch.tensor([[-float("inf"), 0.0]]), beta=0.1), r"ref_logp must be finite on real tokens, got -inf at index \(0, 0\)"),
+    (lambda: tc.policy_gradient_surrogate(torch.zeros(2, 3), torch.zeros(3)), r"advantages of shape \(N,\) must have N = 2 rows like logp, got \(3,\)"),
+    (lambda: tc.shift_diagnostics(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), min_shift=-1.0), "min_shift must be a finite number >= 0, got -1.0"),
+    (lambda: tc.fill_batch(lambda: {"rewards": torch.zeros(2, 3)}, 2, 2, filter_key="correct"), "must return a dict with key 'correct'"),
     (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.full((2, 3), 5)), r"token ids in \[0, V = 5\), got range \[5, 5\]"),
     (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long)), r"\(N, T\) = \(2, 3\), got \(2, 4\)"),
     (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3)), "integer token ids, got dtype torch.float32"),
@@ -763,6 +1100,18 @@ def readme_examples():
         lines.append(f"{mode:<13} {w[0, 0].item():<19.6f} {w[1, 0].item():<20.6f} {w[0, 0].item() / w[1, 0].item():<12.1f} "
                      f"({share[0].item():.3f}, {share[1].item():.3f})")
     blocks.append("\n".join(lines))
+    # 2b. two prompts: "token" and "group_token" part
+    mask = torch.zeros(4, 1000)
+    for i, length in enumerate((100, 1000, 10, 10)):
+        mask[i, :length] = 1
+    lines = ["mode          one token of each answer (x 1e-4)      share of the update per answer",
+             "              100     1000  |   10      10           100    1000  |  10     10"]
+    for mode in tc.AGGREGATION_MODES:
+        w = tc.token_weights(mask, mode, group_size=2, max_len=1000)
+        one, share = w[:, 0] * 1e4, w.sum(dim=1)
+        lines.append(f"{mode:<13} {one[0]:<7.2f} {one[1]:<5.2f} | {one[2]:<7.2f} {one[3]:<12.2f} "
+                     f"{share[0]:<6.3f} {share[1]:<6.3f}| {share[2]:<6.3f} {share[3]:.3f}")
+    blocks.append("\n".join(lines))
     # 3. overlong
     lengths = torch.tensor([10, 12, 13, 14, 16, 17])
     pen = tc.overlong_penalty(lengths, max_len=16, cache_len=4)
@@ -785,6 +1134,17 @@ def readme_examples():
         a = tc.cscr_advantages(torch.tensor([0.5]), w)
         lines.append(f"strength {strength:<3} weights         " + " ".join(f"{x:>6.3f}" for x in w[0, :4].tolist()) +
                      f"   A_t sum {a.sum().item():.3f} = 4 x 0.5")
+    blocks.append("\n".join(lines))
+    # 6. REINFORCE -> with a baseline -> PPO-clip: the gradient each surrogate sends to log pi(o_t)
+    rho = torch.tensor([[1.0, 1.1, 1.5, 1.0, 0.9, 0.5]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)
+    lines = ["rho                        " + " ".join(f"{x:>6.2f}" for x in rho[0].tolist()),
+             "A                          " + " ".join(f"{x:>+6.0f}" for x in adv[0].tolist())]
+    for name, fn in (("-A log pi          (grad)", lambda lp: tc.policy_gradient_surrogate(lp, adv)),
+                     ("clipped, eps = 0.2 (grad)", lambda lp: tc.clipped_surrogate(lp, torch.zeros_like(lp), adv))):
+        logp = torch.log(rho).requires_grad_()
+        fn(logp).sum().backward()
+        lines.append(f"{name}  " + " ".join(f"{x:>+6.2f}" for x in logp.grad[0].tolist()))
     blocks.append("\n".join(lines))
     return blocks
 
