@@ -108,8 +108,8 @@ class Args:
     """width of the tiny model"""
     n_head: int = 4
     """attention heads of the tiny model"""
-    warmup_steps: int = 300
-    """supervised steps that teach the format and some arithmetic (0 to skip)"""
+    warmup_steps: int = 800
+    """supervised steps imitating the demonstrator (0 to skip)"""
     warmup_batch: int = 64
     """sequences per supervised step"""
     warmup_lr: float = 2e-3
@@ -127,7 +127,7 @@ class Args:
     """generation budget L_max; longer responses are truncated (and wrong)"""
     temperature: float = 1.0
     """sampling temperature of the rollouts"""
-    lr: float = 3e-5
+    lr: float = 1e-4
     """learning rate of the policy updates (AdamW)"""
     update_epochs: int = 2
     """passes over each rollout batch; the second one sees ratios away from 1, so the clip acts"""
@@ -154,8 +154,8 @@ class Args:
     """dynamic sampling gives up after this many rounds and trains on what it has"""
     overlong_shaping: bool = False
     """DAPO: add the soft overlong penalty to the reward"""
-    overlong_cache: int = 8
-    """length of the soft overlong zone, L_cache"""
+    overlong_cache: int = 6
+    """length of the soft overlong zone, L_cache: (L_max - L_cache, L_max] = (42, 48] holds no correct answer"""
     beta: float = 0.0
     """weight of the k3 KL to the warm-up model (GRPO's paper used 0.04)"""
     cscr_strength: str = "0"
