@@ -170,8 +170,8 @@ class Args:
     """weight of the self-distillation (OPSD) loss"""
 
 
-QUICK = dict(name="quick", max_terms=3, max_value=5, misconception="5", warmup_steps=150, steps=12, prompts_per_step=8,
-             eval_size=100, eval_every=4, log_every=4)
+QUICK = dict(name="quick", max_terms=3, max_value=5, misconception="5", max_new_tokens=32, warmup_steps=150,
+             steps=12, prompts_per_step=8, eval_size=100, eval_every=6, log_every=6)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
 
 
