@@ -912,19 +912,49 @@ import os
 import train_tiny as tt
 
 
-def test_render_solution_and_slip():
+def test_render_solution_and_slips():
     assert tt.render_problem([6, 9, 8]) == "6+9+8="
     assert tt.render_solution([6, 9, 8]) == "6+9=15,15+8=23>23"
     assert tt.render_solution([3, 4]) == "3+4=7>7"
-    # a slip at step 0 of +1 is carried forward to the answer
-    assert tt.render_solution([6, 9, 8], slip=(0, 1)) == "6+9=16,16+8=24>24"
+    # a slip of +1 at step 0 is carried forward to the answer
+    assert tt.render_solution([6, 9, 8], {0: 1}) == "6+9=16,16+8=24>24"
+
+
+def demo_args(**rates):
+    base = dict(misconception="9", misconception_rate=0.0, slip_rate=0.0, recheck_rate=0.0, loop_rate=0.0)
+    return tt.Args(**{**base, **rates})
+
+
+def test_demonstrator_habits_hand_worked():
     rng = __import__("random").Random(0)
-    for _ in range(50):
-        terms = [rng.randint(0, 9) for _ in range(rng.randint(2, 6))]
-        slip = tt.corrupt(terms, rng)
-        wrong = tt.render_solution(terms, slip)
-        assert tt.verify(terms, tt.render_solution(terms), True)
-        assert not tt.verify(terms, wrong, True) or slip[1] < 0 and sum(terms) + slip[1] < 0
+    # the misconception: 15+9 forgets the carry (14), and the error is carried to the answer
+    assert tt.demonstrate([6, 9, 9], demo_args(misconception_rate=1.0), rng) == ("6+9=5,5+9=4>4", True)
+    # adding 9 to a multiple of 10 has no carry to forget
+    assert tt.demonstrate([5, 5, 9], demo_args(misconception_rate=1.0), rng) == ("5+5=10,10+9=19>19", True)
+    assert tt.demonstrate([6, 9, 8], demo_args(), rng) == ("6+9=15,15+8=23>23", True)
+    text, finished = tt.demonstrate([6, 9, 8], demo_args(recheck_rate=1.0), rng)
+    assert finished and text in ("6+9=15,6+9=15,15+8=23>23", "6+9=15,15+8=23,15+8=23>23")
+    assert tt.verify([6, 9, 8], text, finished) and tt.has_repeated_step(text)
+    text, finished = tt.demonstrate([6, 9, 8], demo_args(loop_rate=1.0), rng)
+    assert not finished and len(text) == tt.Args().max_new_tokens and tt.has_repeated_step(text)
+    assert not tt.verify([6, 9, 8], text, finished)
+    assert not tt.has_repeated_step("6+9=15,15+8=23>23")
+
+
+def test_demonstrator_rates_and_overlong_zone():
+    """The habits appear at their rates, and no correct answer reaches DAPO's soft overlong zone."""
+    args, rng = tt.Args(), __import__("random").Random(1)
+    problems = tt.ProblemStream(args, 2).next(4000)
+    outcomes = [(terms, *tt.demonstrate(terms, args, rng)) for terms in problems]
+    loops = sum(not finished for _, _, finished in outcomes) / len(outcomes)
+    rechecks = sum(finished and tt.has_repeated_step(t) for _, t, finished in outcomes) / len(outcomes)
+    assert loops == pytest.approx(args.loop_rate, abs=0.015)
+    assert rechecks == pytest.approx(args.recheck_rate, abs=0.025)
+    correct_lengths = [len(t) + 1 for terms, t, finished in outcomes if tt.verify(terms, t, finished)]  # + <eos>
+    assert max(correct_lengths) <= args.max_new_tokens - args.overlong_cache
+    # the longest correct answer the demonstrator can write: 5 nines, a re-check of a two-digit step
+    longest = "9+9=18,18+9=27,27+9=36,36+9=45,36+9=45>45"
+    assert len(longest) + 1 == args.max_new_tokens - args.overlong_cache
 
 
 @pytest.mark.parametrize("response, complete, expected", [
@@ -1165,23 +1195,57 @@ def tiny_policy(seed=0):
 
 
 def test_scored_logprobs_equal_the_sampling_distribution():
-    """score() (one forward over left-padded prompts + responses) gives the log-probs generate() sampled from."""
+    """score() (one forward over left-padded prompts + responses) gives the log-probs sample_tokens() sampled from."""
     model, tokenizer = tiny_policy()
     args = tt.Args(max_new_tokens=10)
     problems = [[1, 2], [3, 4, 5, 6], [7, 8, 9]]  # prompts of different lengths: left padding matters
     ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, problems), "cpu")
     torch.manual_seed(1)
-    out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=10, do_sample=True, top_k=0,
-                         top_p=1.0, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         output_logits=True, return_dict_in_generate=True)
-    sampled = out.sequences[:, ids.shape[1]:]
-    T = sampled.shape[1]
+    sampled, logits = tt.sample_tokens(model, ids, attention, 10, False, 1.0, tokenizer.eos_token_id)
     mask, _ = tt.response_mask(sampled, tokenizer.eos_token_id)
     responses = sampled.masked_fill(~mask, tokenizer.pad_token_id)
-    from_generate = tc.token_logprobs(torch.stack(out.logits, dim=1), sampled)  # (3, T)
+    from_sampling = tc.token_logprobs(logits, sampled)  # (3, T)
     (logp, _), = tt.score(model, tokenizer, args, problems, responses, mask)
-    assert torch.allclose(logp[mask], from_generate[mask], atol=1e-4)
+    assert torch.allclose(logp[mask], from_sampling[mask], atol=1e-4)
     assert mask.sum() > 6
+
+
+def test_sampling_loop_matches_transformers_generate():
+    """Greedy decoding with our KV-cache loop writes exactly what model.generate() writes."""
+    model, tokenizer = tiny_policy()
+    args = tt.Args()
+    ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, [[1, 2], [3, 4, 5, 6]]), "cpu")
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    ours, _ = tt.sample_tokens(model, ids, attention, 12, True, 1.0, eos)
+    mask, _ = tt.response_mask(ours, eos)
+    theirs = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=12, do_sample=False,
+                            pad_token_id=pad, eos_token_id=eos)[:, ids.shape[1]:]
+    assert torch.equal(ours.masked_fill(~mask, pad), theirs)  # generate() pads after <eos>
+
+
+def test_micro_batches_by_length_give_the_same_loss_and_gradient():
+    """score_by_length (4 length-sorted micro-batches) against one score() call on a fixed batch."""
+    model, tokenizer = tiny_policy()
+    args = tt.Args(max_new_tokens=16)
+    problems = [[1, 2], [3, 4, 5], [7, 8], [9, 9, 9, 9]] * 2
+    torch.manual_seed(3)
+    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, 1, False, "cpu")
+    lengths = mask.sum(dim=1)
+    assert lengths.min() < lengths.max()  # the batch must hold different lengths for this to mean anything
+    advantages = torch.linspace(-1.5, 1.5, len(problems))
+    results = []
+    for micro_batches in (1, 4):
+        model.zero_grad()
+        if micro_batches == 1:
+            (logp, logits), = tt.score(model, tokenizer, args, problems, responses, mask, need_logits=True)
+        else:
+            logp, logits = tt.score_by_length(model, tokenizer, args, problems, responses, mask, micro_batches)
+        loss, _ = tc.policy_loss(logp, logp.detach() - 0.1 * mask, advantages, mask, mode="token")
+        loss.backward()
+        results.append((loss.detach(), logp.detach()[mask], logits.detach()[mask],
+                        torch.cat([p.grad.flatten() for p in model.parameters()])))
+    for one, chunked in zip(*results):
+        assert torch.allclose(one, chunked, atol=1e-5)
 
 
 def test_one_update_moves_log_probs_towards_the_advantage():
@@ -1205,6 +1269,62 @@ def test_one_update_moves_log_probs_towards_the_advantage():
     change = ((new - old.detach()) * mask).sum(dim=1)  # (N,) change of each response's log-prob
     assert (advantages * change).sum() > 0
     assert change[advantages > 0].mean() > change[advantages < 0].mean()
+
+
+def one_step_on_tiny_policy(monkeypatch, strength=1.0):
+    """one_step on an untrained 1-layer model whose verifier verdicts are fixed by hand (its answers are noise)."""
+    model, tokenizer = tiny_policy()
+    pattern = torch.tensor([True, False, False, True, False, True, False, False])
+    monkeypatch.setattr(tt, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
+    args = tt.Args(max_new_tokens=24, group_size=4)
+    return tt.one_step(model, tokenizer, args, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05, "cpu")
+
+
+def test_one_step_is_deterministic_and_first_order(monkeypatch):
+    a, b = one_step_on_tiny_policy(monkeypatch), one_step_on_tiny_policy(monkeypatch)
+    assert a["delta"].keys() == b["delta"].keys()
+    assert all(torch.equal(a["delta"][k], b["delta"][k]) for k in a["delta"])
+    table = tt.one_step_table(a)
+    assert table["first_order_median"] == pytest.approx(2.0, abs=0.05)  # half the lr, half the change
+    moved = a["advantages"] != 0
+    change = a["delta"]["sample"].sum(dim=1)  # (N,) change of each response's log-prob
+    assert (a["advantages"] * change)[moved].sum() > 0  # the step goes the way the advantages point
+
+
+def test_one_step_sample_over_token_is_larger_for_short_responses(monkeypatch):
+    """Under "sample" a short response's tokens get more weight than under "token", a long one's less:
+    the measured ratio sample/token falls with length, as its first-order prediction mean|o| / |o_i| does."""
+    step = one_step_on_tiny_policy(monkeypatch)
+    lengths = step["mask"].sum(dim=1).float()
+    moved = step["advantages"] != 0
+    ratio = step["delta"]["sample"].sum(dim=1) / step["delta"]["token"].sum(dim=1)  # (N,)
+    short, long = moved & (lengths <= lengths.mean() / 2), moved & (lengths >= lengths.mean() * 1.3)
+    assert short.sum() >= 2 and long.sum() >= 2
+    assert ratio[short].median() > 1 > ratio[long].median()
+    # the weights alone predict it: the ratio of total weights, response by response
+    w_sample, w_token = tc.token_weights(step["mask"], "sample"), tc.token_weights(step["mask"], "token")
+    assert torch.allclose(w_sample.sum(dim=1) / w_token.sum(dim=1), lengths.mean() / lengths)
+
+
+def test_one_step_cscr_at_strength_zero_is_grpo_exactly(monkeypatch):
+    step = one_step_on_tiny_policy(monkeypatch, strength=0.0)
+    assert torch.equal(step["delta"]["cscr 0"], step["delta"]["sample"])
+    assert not torch.equal(one_step_on_tiny_policy(monkeypatch, strength=2.0)["delta"]["cscr 2"], step["delta"]["sample"])
+
+
+def test_dynamic_sampling_filters_on_correctness(tmp_path, monkeypatch):
+    """DAPO's filter reads the verifier's verdicts, not the reward the overlong penalty has shaped."""
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    real_fill_batch = tc.fill_batch
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("filter_key"))
+        return real_fill_batch(*args, **kwargs)
+
+    monkeypatch.setattr(tc, "fill_batch", spy)
+    tt.main(TINY + ["--methods", "dapo", "--name", "dapo"])
+    assert seen and set(seen) == {"correct"}
 
 
 def test_grpo_raises_sampled_held_out_accuracy(tmp_path, monkeypatch):

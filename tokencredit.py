@@ -630,9 +630,11 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
         raise ValueError(f"sensitivity must be >= 0 on real tokens, got {sensitivity[mask].min().item()}")
     log_w = -strength * torch.clamp(sensitivity.float() - threshold, min=0)  # (N, T) log of w_t
     log_w = log_w.masked_fill(~mask, float("-inf"))
-    share = torch.softmax(log_w, dim=-1)  # (N, T) w_t / sum_t' w_t', stable for large strength
-    lengths = mask.sum(dim=-1, keepdim=True).to(torch.float32)  # (N, 1)
-    return torch.where(mask, lengths * share, torch.zeros_like(share))  # NaN rows (no token) -> 0
+    log_w = log_w - log_w.amax(dim=-1, keepdim=True)  # the ratio w_t / sum w is unchanged; no underflow to 0/0
+    w = torch.exp(log_w)  # (N, T), 1 at the response's least sensitive token, 0 on padding
+    lengths = mask.sum(dim=-1, keepdim=True).to(torch.float32)  # (N, 1) |o_i|
+    weights = lengths * w / w.sum(dim=-1, keepdim=True)  # (N, T); strength 0 gives |o_i| / |o_i| = 1 exactly
+    return torch.where(mask, weights, torch.zeros_like(weights))  # NaN rows (no token) -> 0
 
 
 def cscr_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

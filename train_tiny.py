@@ -647,25 +647,47 @@ def token_classes(tokenizer, responses: torch.Tensor) -> torch.Tensor:
 # -----------------------------------------------------------------------------
 # one method's training run
 
+def meets_misconception(terms: List[int], args: Args) -> bool:
+    """True if solving `terms` adds one of the misconception's addends with a carry (where it errs)."""
+    forgets = set(parse_list(args.misconception, int, "--misconception")) if args.misconception else set()
+    totals = [sum(terms[:k + 1]) for k in range(len(terms) - 1)]  # the partial sum before each step
+    return any(x in forgets and total % 10 + x >= 10 for total, x in zip(totals, terms[1:]))
+
+
 def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
     """Held-out accuracy two ways: greedy decoding, and the mean over eval_samples samples at the
-    rollout temperature (the quantity RL maximises). Sampling uses its own seed, so evaluating
+    rollout temperature (the quantity RL maximises). Greedy accuracy is also split by whether the
+    problem meets the demonstrator's misconception. Sampling uses its own seed, so evaluating
     does not change the training run's random stream."""
     model.eval()
-    greedy, sampled, lengths = 0, 0, []
+    greedy, sampled, lengths = [], 0, []
     devices = [device] if torch.device(device).type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(args.warmup_seed + 2)
         for start in range(0, len(problems), 256):
             chunk = problems[start:start + 256]
             _, mask, texts, complete = generate(model, tokenizer, args, chunk, 1, True, device)
-            greedy += int(verify_all(chunk, texts, complete).sum())
+            greedy += verify_all(chunk, texts, complete).tolist()
             lengths += mask.sum(dim=1).tolist()
             _, _, texts, complete = generate(model, tokenizer, args, chunk, args.eval_samples, False, device)
             flat = [t for t in chunk for _ in range(args.eval_samples)]
             sampled += int(verify_all(flat, texts, complete).sum())
-    return dict(accuracy=greedy / len(problems), sampled_accuracy=sampled / (len(problems) * args.eval_samples),
-                length=sum(lengths) / len(lengths))
+    meets = [meets_misconception(t, args) for t in problems]
+    split = lambda want: [g for g, m in zip(greedy, meets) if m == want]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    return dict(accuracy=mean(greedy), sampled_accuracy=sampled / (len(problems) * args.eval_samples),
+                length=mean(lengths), accuracy_misconception=mean(split(True)), accuracy_other=mean(split(False)))
+
+
+@torch.no_grad()
+def pass_at_group(model, tokenizer, args, problems, device) -> Dict[str, float]:
+    """pass@1 (mean accuracy of samples) and pass@G (some sample of the G is right): is the right
+    answer within reach of sampling, so that a group can contrast it with a wrong one?"""
+    seed_everything(args.warmup_seed + 4)
+    _, _, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
+    flat = [t for t in problems for _ in range(args.group_size)]
+    correct = verify_all(flat, texts, complete).view(len(problems), args.group_size)
+    return {"pass@1": float(correct.float().mean()), f"pass@{args.group_size}": float(correct.any(dim=1).float().mean())}
 
 
 def has_repeated_step(text: str) -> bool:
@@ -744,10 +766,22 @@ def train_method(label: str, args: Args, start_path: str, tokenizer, eval_proble
                                            else start_eval["sampled_accuracy"]),
                    final_length=final[-1]["eval_length"] if final else start_eval["length"],
                    entropy=sum(r["entropy"] for r in trained[-5:]) / max(1, len(trained[-5:])),
+                   start_accuracy_misconception=start_eval["accuracy_misconception"],
+                   final_accuracy_misconception=(final[-1]["eval_accuracy_misconception"] if final
+                                                 else start_eval["accuracy_misconception"]),
+                   final_accuracy_other=final[-1]["eval_accuracy_other"] if final else start_eval["accuracy_other"],
+                   truncated_first10=mean_of(trained[:10], "truncated_frac"),
+                   truncated_last10=mean_of(trained[-10:], "truncated_frac"),
+                   length_wrong_last10=mean_of(trained[-10:], "length_wrong"),
                    steps=len(history), wall_s=time.time() - run_start,
                    s_per_step={k: sum(r[k] for r in history) / max(1, len(history))
                                for k in ("t_generate", "t_score", "t_update")})
     return summary, history, model
+
+
+def mean_of(records: List[dict], key: str) -> float:
+    values = [r[key] for r in records if key in r and r[key] == r[key]]  # NaN: no such rollout in that batch
+    return sum(values) / len(values) if values else float("nan")
 
 
 def print_progress(record: dict, steps: int) -> None:
@@ -924,40 +958,44 @@ def plot_credit(picture, tokenizer, args: Args, path: str) -> None:
 
 
 def plot_curves(histories: Dict[str, List[dict]], start_eval: Dict[str, float], path: str) -> None:
-    """Held-out accuracy, response length, entropy and kept-group fraction against step, mean over seeds."""
+    """Held-out accuracy, lengths of right and wrong answers, truncated and re-check rates, entropy and
+    the informative-group fraction against policy update, mean over seeds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [("eval_accuracy", "held-out accuracy: greedy (solid), sampled (dashed)"),
-              ("length", "mean response length (tokens)"), ("entropy", "policy entropy (nats/token)"),
-              ("kept_frac", "informative-group fraction")]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    panels = [(("eval_accuracy", "eval_sampled_accuracy"), "held-out accuracy: greedy (solid), sampled (dashed)"),
+              (("length_correct", "length_wrong"), "rollout length (tokens): correct (solid), wrong (dashed)"),
+              (("truncated_frac",), "truncated rollouts (loops that hit the budget)"),
+              (("recheck_frac",), "finished rollouts with a re-checked step"),
+              (("entropy",), "policy entropy (nats/token)"),
+              (("kept_frac",), "informative groups (0 < #correct < G)")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
     def mean_curve(records, key, start=None):
         by_step: Dict[int, List[float]] = {}
         for r in records:
-            if key in r:
+            if key in r and r[key] == r[key]:  # skip NaN (no wrong answer in that batch)
                 by_step.setdefault(r["step"], []).append(r[key])
         if start is not None:
             by_step[0] = [start]
         steps = sorted(by_step)
         return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 
-    for ax, (key, title) in zip(axes.flat, panels):
+    for ax, (keys, title) in zip(axes.flat, panels):
         for k, (label, records) in enumerate(histories.items()):
-            colour = colours[k % len(colours)]
-            if key == "eval_accuracy":
-                ax.plot(*mean_curve(records, key, start_eval["accuracy"]), label=label, color=colour, marker="o",
-                        markersize=3)
-                ax.plot(*mean_curve(records, "eval_sampled_accuracy", start_eval["sampled_accuracy"]),
-                        color=colour, linestyle="--", marker="x", markersize=3)
-            else:  # per-step values are noisy: a centred 5-step moving average
-                steps, values = mean_curve(records, key)
-                smooth = [sum(values[max(0, i - 2):i + 3]) / len(values[max(0, i - 2):i + 3])
-                          for i in range(len(values))]
-                ax.plot(steps, smooth, label=label, color=colour, alpha=0.85)
-        ax.set_title(title + ("" if key == "eval_accuracy" else ", 5-step mean"), fontsize=10)
+            for key, style in zip(keys, ("-", "--")):
+                if key.startswith("eval_"):
+                    start = start_eval["accuracy" if key == "eval_accuracy" else "sampled_accuracy"]
+                    ax.plot(*mean_curve(records, key, start), style, color=colours[k % len(colours)], marker="o",
+                            markersize=3, label=label if style == "-" else None)
+                else:  # per-step values are noisy: a centred 5-step moving average
+                    steps, values = mean_curve(records, key)
+                    smooth = [sum(values[max(0, i - 2):i + 3]) / len(values[max(0, i - 2):i + 3])
+                              for i in range(len(values))]
+                    ax.plot(steps, smooth, style, color=colours[k % len(colours)], alpha=0.85,
+                            label=label if style == "-" else None)
+        ax.set_title(title + ("" if keys[0].startswith("eval_") else ", 5-step mean"), fontsize=10)
         ax.set_xlabel("policy update")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
@@ -1051,6 +1089,8 @@ def one_step_table(step: dict) -> dict:
                              ratio_over_predicted=float(ratio.median())))
     ratio = (measured / predicted)[moved]
     linear = (per_token["sample"] / per_token["sample, lr/2"])[moved]
+    if not moved.any():  # every group had equal rewards: nothing moved on purpose
+        ratio = linear = torch.full((1,), float("nan"))
     return dict(rows=rows, responses=int(moved.sum()), ratio_over_predicted_median=float(ratio.median()),
                 ratio_over_predicted_iqr=(float(ratio.quantile(0.25)), float(ratio.quantile(0.75))),
                 first_order_median=float(linear.median()), lr=step["lr"])
@@ -1155,20 +1195,25 @@ def summarise(runs: List[dict]) -> List[dict]:
         rows = [r for r in runs if r["method"] == label]
         entry = dict(method=label, seeds=len(rows))
         for key in ("start_accuracy", "final_accuracy", "start_sampled_accuracy", "final_sampled_accuracy",
-                    "final_length", "entropy", "wall_s"):
+                    "final_length", "entropy", "wall_s", "truncated_first10", "truncated_last10",
+                    "start_accuracy_misconception", "final_accuracy_misconception", "final_accuracy_other",
+                    "length_wrong_last10"):
             entry[key], entry[key + "_std"] = mean_std([r[key] for r in rows])
         table.append(entry)
     return table
 
 
 def format_table(table: List[dict]) -> str:
-    lines = ["| method | seeds | greedy acc: start -> final | sampled acc: start -> final | final length | "
-             "entropy | wall s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| method | seeds | greedy acc: start -> final | sampled acc: start -> final | held-out length | "
+             "truncated rollouts: updates 1-10 -> last 10 | wrong-answer length, last 10 | entropy | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for e in table:
         lines.append(f"| {e['method']} | {e['seeds']} | {e['start_accuracy']:.3f} -> {e['final_accuracy']:.3f} "
                      f"+- {e['final_accuracy_std']:.3f} | {e['start_sampled_accuracy']:.3f} -> "
                      f"{e['final_sampled_accuracy']:.3f} +- {e['final_sampled_accuracy_std']:.3f} | "
-                     f"{e['final_length']:.1f} +- {e['final_length_std']:.1f} | {e['entropy']:.3f} | "
+                     f"{e['final_length']:.1f} +- {e['final_length_std']:.1f} | {e['truncated_first10']:.3f} -> "
+                     f"{e['truncated_last10']:.3f} +- {e['truncated_last10_std']:.3f} | "
+                     f"{e['length_wrong_last10']:.1f} +- {e['length_wrong_last10_std']:.1f} | {e['entropy']:.3f} | "
                      f"{e['wall_s']:.0f} |")
     return "\n".join(lines)
 
@@ -1213,9 +1258,14 @@ def main(argv: Optional[List[str]] = None) -> dict:
     model, tokenizer, start_path = load_or_warm_up(base, device, "runs")
     eval_problems = ProblemStream(base, 10 ** 6 + base.warmup_seed).next(base.eval_size)  # never the training stream
     start_eval = evaluate(model, tokenizer, base, eval_problems, device)
-    print(f"starting policy: held-out accuracy {start_eval['accuracy']:.3f} greedy, "
+    print(f"starting policy: held-out accuracy {start_eval['accuracy']:.3f} greedy "
+          f"({start_eval['accuracy_misconception']:.3f} where the misconception applies, "
+          f"{start_eval['accuracy_other']:.3f} elsewhere), "
           f"{start_eval['sampled_accuracy']:.3f} sampled, mean length {start_eval['length']:.1f} tokens "
           f"({base.eval_size} problems)")
+    reach = pass_at_group(model, tokenizer, base, eval_problems, device)
+    print("within reach of sampling: " + ", ".join(f"{k} {v:.3f}" for k, v in reach.items()))
+    start_eval.update(reach)
     runs = expand_methods(base, overrides)
     first_strengths = [parse_list(a.cscr_strength, float, "--cscr-strength")[0] for _, a in runs]
     strength = next((s for s in first_strengths if s > 0), 1.0)  # the diagnosis uses the first CSCR strength
