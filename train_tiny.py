@@ -1,28 +1,39 @@
-"""train_tiny.py: watch GRPO, Dr. GRPO, DAPO, CSCR and OPSD hand out credit on a tiny task.
+"""train_tiny.py: a lab for GRPO, Dr. GRPO, DAPO, CSCR and OPSD on a tiny model and a task RL can fix.
 
 A small GPT-2-style model (about 0.6 M parameters, built from a config, nothing
-downloaded) learns to add 2 to 6 one-digit numbers by writing running partial sums.
-Every algorithmic step comes from tokencredit.py; this file only samples,
-scores and updates.
+downloaded) adds 2 to 5 one-digit numbers by writing running partial sums.
+Every algorithmic step comes from tokencredit.py; this file samples, scores,
+updates and measures.
 
 Task encoding (one character per token):
     prompt    "6+9+8="                      the problem
     response  "6+9=15,15+8=23>23<eos>"      partial sums, then ">" and the final answer
-A 2-number problem has a response of about 8 tokens, a 6-number one of about
-40: lengths vary five-fold, so "sample" and "token" aggregation differ.
 An exact verifier reads the digits after the single ">" of a response that
 ended with <eos>; anything else (malformed, truncated, extra text) is wrong.
 
-Privileged outcome conditions (for CSCR and OPSD): during the supervised
-warm-up, a correct solution is sometimes preceded by the tag "Y" and a
-corrupted one (an arithmetic slip, carried forward) by "N", so the model
-learns what "this answer is correct / incorrect" means. Unconditioned prompts
-are followed by correct solutions only.
+The starting policy imitates a demonstrator with habits that RL can fix:
+    misconception  it forgets the carry when adding 9 (15+9=14), 60% of the time,
+                   so greedy decoding starts out wrong wherever that happens;
+    slips          any other step is off by 1 or 2, 8% of the time;
+    re-checks      25% of its answers write one step twice: right, and ~8 tokens longer;
+    loops          12% repeat one step until the budget of 48 tokens: truncated, wrong.
+So the answers to one prompt differ in length for reasons that matter to credit
+(a 20-token answer beside a 48-token loop), and the right answer is within
+reach of sampling (pass@8 is near 1 at the start).
+Privileged outcome conditions (CSCR, OPSD): a quarter of the warm-up's
+demonstrations carry the verifier's verdict before the prompt, "Y" (correct)
+or "N" (wrong), so the model learns what those tags mean.
 
-    python train_tiny.py                 # warm-up, then every method, about 10 min on 2 CPU cores
-    python train_tiny.py --quick         # the same in about a minute, for a first look
+The lab, in the order it runs:
+    does RL fix the warm-up's mistakes?            train each method, curves.png, the table
+    what does one step do under each weighting?    one_step(), onestep.png
+    where does CSCR move credit?                   diagnose(), credit.png
+
+    python train_tiny.py                 # warm-up, then every method, about 6 min on 2 CPU cores
+    python train_tiny.py --quick         # a smaller task, about 35 s, for a first look
     python train_tiny.py --help          # every argument
 """
+
 
 import argparse
 import dataclasses
@@ -645,7 +656,7 @@ def token_classes(tokenizer, responses: torch.Tensor) -> torch.Tensor:
 
 
 # -----------------------------------------------------------------------------
-# one method's training run
+# does RL fix the warm-up's mistakes? One method's training run
 
 def meets_misconception(terms: List[int], args: Args) -> bool:
     """True if solving `terms` adds one of the misconception's addends with a carry (where it errs)."""
@@ -682,12 +693,18 @@ def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
 @torch.no_grad()
 def pass_at_group(model, tokenizer, args, problems, device) -> Dict[str, float]:
     """pass@1 (mean accuracy of samples) and pass@G (some sample of the G is right): is the right
-    answer within reach of sampling, so that a group can contrast it with a wrong one?"""
+    answer within reach of sampling, so that a group can contrast it with a wrong one? And do the
+    answers to one prompt differ in length: the longest over the shortest of a group, and how many
+    groups hold a truncated answer."""
     seed_everything(args.warmup_seed + 4)
-    _, _, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
+    _, mask, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
     flat = [t for t in problems for _ in range(args.group_size)]
     correct = verify_all(flat, texts, complete).view(len(problems), args.group_size)
-    return {"pass@1": float(correct.float().mean()), f"pass@{args.group_size}": float(correct.any(dim=1).float().mean())}
+    lengths = mask.sum(dim=1).float().view(len(problems), args.group_size)  # (B, G)
+    return {"pass@1": float(correct.float().mean()), f"pass@{args.group_size}": float(correct.any(dim=1).float().mean()),
+            "longest/shortest in a group": float((lengths.max(dim=1).values / lengths.min(dim=1).values).mean()),
+            "groups with a truncated answer": float((~complete).view(len(problems), args.group_size).any(dim=1)
+                                                    .float().mean())}
 
 
 def has_repeated_step(text: str) -> bool:
@@ -877,7 +894,7 @@ def train_step(step, label, seed, args, model, ref_model, optimizer, tokenizer, 
 
 
 # -----------------------------------------------------------------------------
-# what the starting policy's credit looks like: the CSCR diagnosis and the credit picture
+# where does CSCR move credit? The diagnosis and the credit picture, on the starting policy
 
 @torch.no_grad()
 def diagnose(model, tokenizer, args: Args, problems, strength: float, device):
@@ -1152,10 +1169,16 @@ def plot_one_step(step: dict, table: dict, tokenizer, path: str) -> None:
     ax_ratio.set_title("the weighting's own effect, response by response", fontsize=10)
     ax_ratio.legend(fontsize=7)
 
-    # the response of 16+ tokens with A != 0 whose sensitivity varies most
+    # a well-formed wrong answer of 16 or more tokens (a slip or the misconception, not a loop): of
+    # these, the one whose most sensitive token is most sensitive (what CSCR acts on)
+    text = tokenizer.batch_decode(step["responses"].tolist(), skip_special_tokens=True)
+    plain = torch.tensor([bool(re.fullmatch(r"(\d+\+\d=\d+,)*\d+\+\d=\d+>\d+", s)) for s in text])  # well formed
+    finished = (step["responses"] == tokenizer.eos_token_id).any(dim=1)
+    candidates = moved & ~step["correct"] & finished & plain & (lengths >= 16)
+    if not candidates.any():
+        candidates = moved if moved.any() else torch.ones_like(moved)
     spread = torch.where(mask, step["sensitivity"], torch.zeros_like(step["sensitivity"])).amax(dim=1)
-    spread = spread.masked_fill(~moved | (lengths < 16), -1)
-    row = int(spread.argmax())
+    row = int(spread.masked_fill(~candidates, -1).argmax())
     n_tok = int(lengths[row])
     tokens = [tokenizer.decode([i]) or "eos" for i in step["responses"][row, :n_tok].tolist()]
     tokens = ["eos" if t == tokenizer.eos_token else t for t in tokens]
@@ -1264,7 +1287,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
           f"{start_eval['sampled_accuracy']:.3f} sampled, mean length {start_eval['length']:.1f} tokens "
           f"({base.eval_size} problems)")
     reach = pass_at_group(model, tokenizer, base, eval_problems, device)
-    print("within reach of sampling: " + ", ".join(f"{k} {v:.3f}" for k, v in reach.items()))
+    print(f"{base.group_size} samples per held-out problem: " + ", ".join(f"{k} {v:.3f}" for k, v in reach.items()))
     start_eval.update(reach)
     runs = expand_methods(base, overrides)
     first_strengths = [parse_list(a.cscr_strength, float, "--cscr-strength")[0] for _, a in runs]
