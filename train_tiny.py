@@ -79,7 +79,7 @@ class Args:
     device: str = "auto"
     """auto (CUDA if present, else MPS, else CPU), cpu, cuda or mps"""
     quick: bool = False
-    """a one-minute preset: a shorter warm-up, fewer and smaller steps, a smaller held-out set"""
+    """a first look in well under a minute: 2-3 numbers up to 5, budget 32, a shorter warm-up, fewer steps"""
     # --- the task
     min_terms: int = 2
     """fewest numbers in a problem"""
