@@ -264,7 +264,7 @@ def test_kl_k3():
 # aggregation: who gets credit for a long answer
 
 def seed000_mask():
-    """One group: a 100-token response and a 1000-token one (seed 000's example)."""
+    """One group: a 100-token response and a 1000-token one (the length-bias example of the DAPO discussion)."""
     mask = torch.zeros(2, 1000)
     mask[0, :100] = 1
     mask[1, :] = 1
@@ -1128,7 +1128,7 @@ def readme_examples():
         fmt = lambda xs: "[" + ", ".join(f"{x:+.2f}" for x in xs) + "]"
         lines.append(f"{str([int(x) for x in r]):<23} {fmt(a):<30}  {fmt(d)}")
     blocks.append("\n".join(lines))
-    # 2. seed 000: token weights
+    # 2. the 100- against 1000-token example: token weights
     mask = torch.zeros(2, 1000)
     mask[0, :100] = 1
     mask[1] = 1
@@ -1168,7 +1168,7 @@ def readme_examples():
     # 5. CSCR
     s = torch.tensor([[0.05, 0.10, 1.50, 0.20, 0.0]])
     m = torch.tensor([[1, 1, 1, 1, 0]])
-    lines = ["sensitivity s_t            " + " ".join(f"{x:>6.2f}" for x in s[0, :4].tolist()) + "   (last token is padding)"]
+    lines = ["sensitivity s_t            " + " ".join(f"{x:>6.2f}" for x in s[0, :4].tolist()) + "   (a fifth, padding token gets weight 0)"]
     for strength in (0.0, 1.0, 4.0):
         w = tc.cscr_weights(s, m, strength, threshold=0.1)
         a = tc.cscr_advantages(torch.tensor([0.5]), w)
@@ -1341,16 +1341,17 @@ def test_grpo_fixes_the_warm_ups_mistakes(tmp_path, monkeypatch):
     """The default warm-up (800 steps), then 20 GRPO updates: about 2.5 minutes on 2 CPU cores.
 
     Measured with `python train_tiny.py --seeds 0,1,2 --name readme` (the evaluation at update 20 of
-    a 60-update run is this run's final one): greedy accuracy went from 0.805 to 0.980, 0.990 and
-    0.985 for seeds 0, 1 and 2, and sampled accuracy from 0.479 to 0.816, 0.818 and 0.828. This test
-    asserts the lab's targets on seed 0, a rise of 0.10 greedy and 0.25 sampled, which leaves a
-    margin of about 0.07 and 0.09 below the smallest rise measured.
+    a 60-update run is this run's final one): greedy accuracy went from 0.790 to 0.940, 0.960 and
+    0.950 for seeds 0, 1 and 2, sampled accuracy from 0.477 to 0.791, 0.808 and 0.800, and greedy
+    accuracy where the misconception applies from 0.222 to 0.778, 0.844 and 0.844. This test
+    asserts the lab's targets on seed 0, a rise of 0.10 greedy and 0.25 sampled, a margin of 0.05
+    and 0.06 below the smallest rise measured.
     """
     monkeypatch.chdir(tmp_path)
     results = tt.main(["--methods", "grpo", "--seeds", "0", "--steps", "20", "--eval-every", "20", "--name", "learn"])
     run = results["runs"][0]
-    assert run["start_accuracy"] == pytest.approx(0.805, abs=0.05)
-    assert run["start_sampled_accuracy"] == pytest.approx(0.479, abs=0.05)
+    assert run["start_accuracy"] == pytest.approx(0.790, abs=0.05)
+    assert run["start_sampled_accuracy"] == pytest.approx(0.477, abs=0.05)
     assert run["final_accuracy"] >= run["start_accuracy"] + 0.10
     assert run["final_sampled_accuracy"] >= run["start_sampled_accuracy"] + 0.25
     assert run["final_accuracy_misconception"] >= run["start_accuracy_misconception"] + 0.3  # the habit RL overturns

@@ -1118,7 +1118,7 @@ def format_one_step(table: dict) -> str:
     lines = [f"One SGD step (lr {table['lr']:g}) from the starting policy, each weighting from the same weights "
              f"({table['responses']} responses with A != 0): mean change of log pi per token, x 1e-3",
              "| outcome | length | responses | mean length | " + " | ".join(names) +
-             " | sample/token measured | predicted (mean length / length) |",
+             " | sample/token, median per response | first-order prediction, median of mean length / abs(o_i) |",
              "|---|---|---|---|" + "---|" * len(names) + "---|---|"]
     for r in table["rows"]:
         lines.append(f"| {r['outcome']} | {r['bucket']} | {r['responses']} | {r['mean_length']:.1f} | "
