@@ -983,7 +983,7 @@ def plot_curves(histories: Dict[str, List[dict]], start_eval: Dict[str, float], 
     panels = [(("eval_accuracy", "eval_sampled_accuracy"), "held-out accuracy: greedy (solid), sampled (dashed)"),
               (("length_correct", "length_wrong"), "rollout length (tokens): correct (solid), wrong (dashed)"),
               (("truncated_frac",), "truncated rollouts (loops that hit the budget)"),
-              (("recheck_frac",), "finished rollouts with a re-checked step"),
+              (("recheck_frac",), "rollouts that finished with a re-checked step"),
               (("entropy",), "policy entropy (nats/token)"),
               (("kept_frac",), "informative groups (0 < #correct < G)")]
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
