@@ -912,12 +912,12 @@ import os
 import train_tiny as tt
 
 
-def test_render_solution_and_slips():
+def test_render_problem_and_steps():
     assert tt.render_problem([6, 9, 8]) == "6+9+8="
-    assert tt.render_solution([6, 9, 8]) == "6+9=15,15+8=23>23"
-    assert tt.render_solution([3, 4]) == "3+4=7>7"
-    # a slip of +1 at step 0 is carried forward to the answer
-    assert tt.render_solution([6, 9, 8], {0: 1}) == "6+9=16,16+8=24>24"
+    assert tt.render_steps([6, 9, 8]) == ["6+9=15", "15+8=23"]
+    assert tt.render_steps([3, 4]) == ["3+4=7"]
+    # a slip of +1 at step 0 is carried forward to the next step
+    assert tt.render_steps([6, 9, 8], {0: 1}) == ["6+9=16", "16+8=24"]
 
 
 def demo_args(**rates):

@@ -273,10 +273,8 @@ def validate_args(base: Args, overrides: Dict[str, object]) -> None:
             fail(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(base, name)}")
     if base.recheck_rate + base.loop_rate > 1:
         fail(f"--recheck-rate + --loop-rate must be <= 1, got {base.recheck_rate} + {base.loop_rate}")
-    if base.misconception:
-        digits = parse_list(base.misconception, int, "--misconception")
-        if any(not 0 <= d <= base.max_value for d in digits):
-            fail(f"--misconception must list addends in 0..max_value = {base.max_value}, got {base.misconception!r}")
+    if any(not 0 <= d <= base.max_value for d in forgotten_addends(base)):
+        fail(f"--misconception must list addends in 0..max_value = {base.max_value}, got {base.misconception!r}")
     for name in ("warmup_lr", "one_step_lr"):
         if not getattr(base, name) > 0:
             fail(f"--{name.replace('_', '-')} must be > 0, got {getattr(base, name)}")
@@ -348,11 +346,14 @@ def render_steps(terms: List[int], slips: Optional[Dict[int, int]] = None) -> Li
     return steps
 
 
-def render_solution(terms: List[int], slips: Optional[Dict[int, int]] = None) -> str:
-    """The clean solution: running partial sums, then ">" and the answer (errors carried forward)."""
-    steps = render_steps(terms, slips)
-    answer = int(steps[-1].split("=")[1]) if steps else terms[0]
-    return ",".join(steps) + f">{answer}"
+def forgotten_addends(args: Args) -> set:
+    """The addends whose carry the demonstrator forgets, from --misconception ("9" -> {9})."""
+    return set(parse_list(args.misconception, int, "--misconception")) if args.misconception else set()
+
+
+def forgets_carry(total: int, x: int, forgotten: set) -> bool:
+    """Does the step total + x meet the misconception: a forgotten addend, and a carry to forget?"""
+    return x in forgotten and total % 10 + x >= 10
 
 
 def demonstrate(terms: List[int], args: Args, rng: random.Random) -> tuple:
@@ -364,10 +365,10 @@ def demonstrate(terms: List[int], args: Args, rng: random.Random) -> tuple:
     - a re-check (recheck_rate): one step written twice, harmless, about 8 tokens longer;
     - a loop (loop_rate): one step repeated until the budget max_new_tokens runs out, never finished.
     """
-    forgets = set(parse_list(args.misconception, int, "--misconception")) if args.misconception else set()
+    forgotten = forgotten_addends(args)
     slips, total = {}, terms[0]
     for k, x in enumerate(terms[1:]):
-        if x in forgets and total % 10 + x >= 10 and rng.random() < args.misconception_rate:
+        if forgets_carry(total, x, forgotten) and rng.random() < args.misconception_rate:
             slips[k] = -10
         elif rng.random() < args.slip_rate:
             slips[k] = rng.choice([-2, -1, 1, 2])
@@ -660,9 +661,9 @@ def token_classes(tokenizer, responses: torch.Tensor) -> torch.Tensor:
 
 def meets_misconception(terms: List[int], args: Args) -> bool:
     """True if solving `terms` adds one of the misconception's addends with a carry (where it errs)."""
-    forgets = set(parse_list(args.misconception, int, "--misconception")) if args.misconception else set()
+    forgotten = forgotten_addends(args)
     totals = [sum(terms[:k + 1]) for k in range(len(terms) - 1)]  # the partial sum before each step
-    return any(x in forgets and total % 10 + x >= 10 for total, x in zip(totals, terms[1:]))
+    return any(forgets_carry(total, x, forgotten) for total, x in zip(totals, terms[1:]))
 
 
 def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
@@ -823,7 +824,7 @@ def train_step(step, label, seed, args, model, ref_model, optimizer, tokenizer, 
     else:
         batch = sample_groups()
         fill = dict(rounds=1, groups_seen=args.prompts_per_step,
-                    groups_informative=int(tc.informative_groups(batch["correct"].float()).sum()))
+                    groups_informative=int(tc.informative_groups(batch["correct"]).sum()))
     t_generate = time.time() - t0
     B = batch["rewards"].shape[0]
     record = dict(method=label, seed=seed, step=step, kept_frac=fill["groups_informative"] / fill["groups_seen"],
@@ -1078,6 +1079,16 @@ def one_step(model, tokenizer, args: Args, problems, strength: float, lr: float,
                 strength=strength, lr=lr)
 
 
+def sample_over_token(step: dict) -> tuple:
+    """Per response: lengths (N,), moved = A != 0 (N,), the measured ratio of the mean per-token change
+    under "sample" to that under "token" (N,), and its first-order prediction mean|o| / |o_i| (N,)."""
+    lengths = step["mask"].sum(dim=1).float()  # (N,)
+    per_token = {n: step["delta"][n].sum(dim=1) / lengths.clamp(min=1) for n in ("sample", "token")}  # (N,)
+    measured = per_token["sample"] / per_token["token"]  # (N,)
+    predicted = lengths.mean() / lengths.clamp(min=1)  # (N,) w_sample / w_token
+    return lengths, step["advantages"] != 0, measured, predicted
+
+
 def one_step_table(step: dict) -> dict:
     """Per length bucket and outcome: the mean per-token change under each weighting, and the
     ratio sample/token against its first-order prediction (mean length) / |o_i|.
@@ -1085,12 +1096,8 @@ def one_step_table(step: dict) -> dict:
     Each response is compared with itself across weightings; responses whose group had equal
     rewards (A = 0) are left out.
     """
-    mask, delta, adv = step["mask"], step["delta"], step["advantages"]
-    lengths = mask.sum(dim=1).float()  # (N,)
-    per_token = {name: d.sum(dim=1) / lengths.clamp(min=1) for name, d in delta.items()}  # (N,) mean Delta
-    predicted = lengths.mean() / lengths.clamp(min=1)  # (N,) w_sample / w_token
-    measured = per_token["sample"] / per_token["token"]  # (N,)
-    moved = adv != 0
+    lengths, moved, measured, predicted = sample_over_token(step)
+    per_token = {name: d.sum(dim=1) / lengths.clamp(min=1) for name, d in step["delta"].items()}  # (N,) mean Delta
     rows = []
     for outcome, is_correct in (("correct", True), ("wrong", False)):
         for bucket, low, high in LENGTH_BUCKETS:
@@ -1154,11 +1161,8 @@ def plot_one_step(step: dict, table: dict, tokenizer, path: str) -> None:
     ax_bars.legend(fontsize=7)
 
     mask, adv = step["mask"], step["advantages"]
-    lengths = mask.sum(dim=1).float()
-    moved = adv != 0
-    per_token = {n: step["delta"][n].sum(dim=1) / lengths.clamp(min=1) for n in ("sample", "token")}
-    measured = (per_token["sample"] / per_token["token"])[moved]
-    predicted = (lengths.mean() / lengths.clamp(min=1))[moved]
+    lengths, moved, measured, predicted = sample_over_token(step)
+    measured, predicted = measured[moved], predicted[moved]
     colours = ["tab:green" if c else "tab:red" for c in step["correct"][moved].tolist()]
     ax_ratio.scatter(lengths[moved], measured, c=colours, s=12, alpha=0.7, label="measured (green right, red wrong)")
     order = lengths[moved].argsort()
