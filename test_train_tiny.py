@@ -1,0 +1,380 @@
+"""Tests for train_tiny.py and lab.py: the task and its verifier, sampling and scoring, the training
+path, the lab's measurements, the command line, and one real run that must learn.
+
+Tests that compare numbers across runs ask for --device cpu; the others accept what auto picks.
+"""
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lab
+import tokencredit as tc
+import train_tiny as tt
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+# -----------------------------------------------------------------------------
+# the task: the demonstrator, the overlong zone and the verifier
+
+def test_render_problem_and_steps():
+    assert tt.render_problem([6, 9, 8]) == "6+9+8="
+    assert tt.render_steps([6, 9, 8]) == ["6+9=15", "15+8=23"]
+    assert tt.render_steps([6, 9, 8], {0: 1}) == ["6+9=16", "16+8=24"]  # a slip is carried forward
+
+
+def demo_args(**rates):
+    base = dict(misconception="9", misconception_rate=0.0, slip_rate=0.0, recheck_rate=0.0, loop_rate=0.0)
+    return tt.Args(**{**base, **rates})
+
+
+def test_demonstrator_habits_hand_worked():
+    rng = random.Random(0)
+    # the misconception: 15+9 forgets the carry (14), and the error is carried to the answer
+    assert tt.demonstrate([6, 9, 9], demo_args(misconception_rate=1.0), rng) == ("6+9=5,5+9=4>4", True)
+    assert tt.demonstrate([5, 5, 9], demo_args(misconception_rate=1.0), rng) == ("5+5=10,10+9=19>19", True)  # no carry
+    assert tt.meets_misconception([6, 9, 9], tt.Args()) and not tt.meets_misconception([5, 5, 9], tt.Args())
+    assert tt.demonstrate([6, 9, 8], demo_args(), rng) == ("6+9=15,15+8=23>23", True)
+    text, finished = tt.demonstrate([6, 9, 8], demo_args(recheck_rate=1.0), rng)
+    assert finished and text in ("6+9=15,6+9=15,15+8=23>23", "6+9=15,15+8=23,15+8=23>23")
+    assert tt.verify([6, 9, 8], text, finished) and tt.has_repeated_step(text)
+    text, finished = tt.demonstrate([6, 9, 8], demo_args(loop_rate=1.0), rng)
+    assert not finished and len(text) == tt.Args().max_new_tokens and tt.has_repeated_step(text)
+    assert not tt.verify([6, 9, 8], text, finished) and not tt.has_repeated_step("6+9=15,15+8=23>23")
+
+
+def test_demonstrator_rates_and_the_overlong_zone():
+    """The habits appear at their rates, and no right demonstration reaches DAPO's soft overlong zone."""
+    args, rng = tt.Args(), random.Random(1)
+    outcomes = [(terms, *tt.demonstrate(terms, args, rng)) for terms in tt.ProblemStream(args, 2).next(4000)]
+    loops = sum(not finished for _, _, finished in outcomes) / len(outcomes)
+    rechecks = sum(finished and tt.has_repeated_step(t) for _, t, finished in outcomes) / len(outcomes)
+    assert loops == pytest.approx(args.loop_rate, abs=0.015)
+    assert rechecks == pytest.approx(args.recheck_rate, abs=0.025)
+    right_lengths = [len(t) + 1 for terms, t, finished in outcomes if tt.verify(terms, t, finished)]  # + <eos>
+    assert max(right_lengths) <= args.max_new_tokens - args.overlong_cache
+    longest = "9+9=18,18+9=27,27+9=36,36+9=45,36+9=45>45"  # five nines, a re-checked two-digit step
+    assert len(longest) + 1 == args.max_new_tokens - args.overlong_cache
+
+
+@pytest.mark.parametrize("response, complete, expected", [
+    ("6+9=15,15+8=23>23", True, True),      # right
+    ("6+9=15,15+8=24>24", True, False),     # wrong answer
+    ("garbage>23", True, True),             # outcome reward: only the final answer is checked
+    ("6+9=15,15+8=23>23", False, False),    # truncated: never produced <eos>
+    ("6+9=15,15+8=23", True, False),        # malformed: no '>'
+    ("6+9=15>15>23", True, False),          # malformed: two '>'
+    (">", True, False),                     # malformed: no digits
+    ("6+9=15,15+8=23>23,", True, False),    # extra tokens after the answer
+    ("6+9=15,15+8=23>023", True, True),     # the number 23, with a leading zero
+    ("", True, False),                      # empty
+])
+def test_verify(response, complete, expected):
+    assert tt.verify([6, 9, 8], response, complete) is expected
+
+
+def test_response_mask_and_token_classes():
+    tok = tt.build_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    ids = [tok.convert_tokens_to_ids(c) for c in "3+4=7>7"] + [eos]
+    responses = torch.tensor([ids + [pad, pad], ids[:5] + [eos, 5, 6, 7, 8]])
+    mask, complete = tt.response_mask(responses, eos)
+    assert mask.sum(dim=1).tolist() == [8, 6] and complete.tolist() == [True, True]
+    mask, complete = tt.response_mask(torch.tensor([ids[:7] + [5, 6, 7]]), eos)
+    assert mask.all() and complete.tolist() == [False]
+    # 3 + 4 = 7 > 7 eos : intermediate, operator, intermediate, operator, intermediate, format, answer, format
+    assert lab.token_classes(tok, torch.tensor([ids]))[0].tolist() == [1, 2, 1, 2, 1, 3, 0, 3]
+
+
+# -----------------------------------------------------------------------------
+# sampling and scoring: the log-probs trained on are those of the distribution sampled from
+
+def tiny_policy(seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    tokenizer = tt.build_tokenizer()
+    return tt.build_tiny_model(tt.Args(n_layer=1, n_embd=32, n_head=2), tokenizer).to(device).eval(), tokenizer
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scored_logprobs_equal_the_sampling_distribution(device):
+    """score() (one forward over left-padded prompts + responses) gives the log-probs sample_tokens() drew from."""
+    model, tokenizer = tiny_policy(device=device)
+    args = tt.Args(max_new_tokens=10)
+    problems = [[1, 2], [3, 4, 5, 6], [7, 8, 9]]  # prompts of different lengths: left padding matters
+    ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, problems), device)
+    torch.manual_seed(1)
+    sampled, logits = tt.sample_tokens(model, ids, attention, 10, False, 1.0, tokenizer.eos_token_id)
+    mask, _ = tt.response_mask(sampled, tokenizer.eos_token_id)
+    (logp, _), = tt.score(model, tokenizer, args, problems, sampled.masked_fill(~mask, tokenizer.pad_token_id), mask)
+    assert torch.allclose(logp[mask], tc.token_logprobs(logits, sampled)[mask], atol=1e-4)
+    assert mask.sum() > 6
+
+
+def test_sampling_loop_matches_transformers_generate():
+    """Greedy decoding with our KV-cache loop writes exactly what model.generate() writes."""
+    model, tokenizer = tiny_policy()
+    ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(tt.Args(), [[1, 2], [3, 4, 5, 6]]), "cpu")
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    ours, _ = tt.sample_tokens(model, ids, attention, 12, True, 1.0, eos)
+    mask, _ = tt.response_mask(ours, eos)
+    theirs = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=12, do_sample=False,
+                            pad_token_id=pad, eos_token_id=eos)[:, ids.shape[1]:]
+    assert torch.equal(ours.masked_fill(~mask, pad), theirs)  # generate() pads after <eos>
+
+
+def test_micro_batches_by_length_give_the_same_loss_and_gradient():
+    """score_by_length (4 length-sorted micro-batches) against one score() call on a fixed batch."""
+    model, tokenizer = tiny_policy()
+    args = tt.Args(max_new_tokens=16)
+    problems = [[1, 2], [3, 4, 5], [7, 8], [9, 9, 9, 9]] * 2
+    torch.manual_seed(3)
+    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, 1, False, "cpu")
+    assert mask.sum(dim=1).min() < mask.sum(dim=1).max()  # different lengths, or this means nothing
+    advantages = torch.linspace(-1.5, 1.5, len(problems))
+    results = []
+    for micro_batches in (1, 4):
+        model.zero_grad()
+        if micro_batches == 1:
+            (logp, logits), = tt.score(model, tokenizer, args, problems, responses, mask, need_logits=True)
+        else:
+            logp, logits = tt.score_by_length(model, tokenizer, args, problems, responses, mask, micro_batches)
+        loss, _ = tc.policy_loss(logp, logp.detach() - 0.1 * mask, advantages, mask, mode="token")
+        loss.backward()
+        results.append((loss.detach(), logp.detach()[mask], logits.detach()[mask],
+                        torch.cat([p.grad.flatten() for p in model.parameters()])))
+    for one, chunked in zip(*results):
+        assert torch.allclose(one, chunked, atol=1e-5)
+
+
+def test_one_update_moves_log_probs_towards_the_advantage():
+    """A small SGD step on policy_loss raises sum_i A_i * (change in log pi(o_i)) on the batch it saw."""
+    model, tokenizer = tiny_policy()
+    args, problems = tt.Args(max_new_tokens=12), [[1, 2], [3, 4, 5]]
+    torch.manual_seed(2)
+    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, 4, False, "cpu")
+    flat = [t for t in problems for _ in range(4)]
+    advantages = tc.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])).flatten()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    (old, _), = tt.score(model, tokenizer, args, flat, responses, mask)
+    loss, _ = tc.policy_loss(old, old.detach(), advantages, mask, mode="sample")
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        (new, _), = tt.score(model, tokenizer, args, flat, responses, mask)
+    change = ((new - old.detach()) * mask).sum(dim=1)  # (N,) change of each response's log-prob
+    assert (advantages * change).sum() > 0 and change[advantages > 0].mean() > change[advantages < 0].mean()
+
+
+# -----------------------------------------------------------------------------
+# the lab's one-step measurement
+
+def one_step_on_tiny_policy(monkeypatch, strength=1.0):
+    """lab.one_step on an untrained 1-layer model whose verdicts are fixed by hand (its answers are noise)."""
+    model, tokenizer = tiny_policy()
+    pattern = torch.tensor([True, False, False, True, False, True, False, False])
+    monkeypatch.setattr(tt, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
+    args = tt.Args(max_new_tokens=24, group_size=4)
+    return lab.one_step(model, tokenizer, args, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05, "cpu")
+
+
+def test_one_step_is_deterministic_and_first_order(monkeypatch):
+    a, b = one_step_on_tiny_policy(monkeypatch), one_step_on_tiny_policy(monkeypatch)
+    assert a["delta"].keys() == b["delta"].keys() and all(torch.equal(a["delta"][k], b["delta"][k]) for k in a["delta"])
+    assert lab.one_step_table(a)["first_order_median"] == pytest.approx(2.0, abs=0.05)  # half the lr, half the change
+    moved = a["advantages"] != 0
+    assert (a["advantages"] * a["delta"]["sample"].sum(dim=1))[moved].sum() > 0  # the way the advantages point
+
+
+def test_one_step_sample_over_token_is_larger_for_short_responses(monkeypatch):
+    """Under "sample" a short response's tokens weigh more than under "token", a long one's less: the
+    measured ratio sample/token falls with length, as its first-order prediction mean|o| / |o_i| does."""
+    step = one_step_on_tiny_policy(monkeypatch)
+    lengths = step["mask"].sum(dim=1).float()
+    moved = step["advantages"] != 0
+    ratio = step["delta"]["sample"].sum(dim=1) / step["delta"]["token"].sum(dim=1)  # (N,)
+    short, long = moved & (lengths <= lengths.mean() / 2), moved & (lengths >= lengths.mean() * 1.3)
+    assert short.sum() >= 2 and long.sum() >= 2
+    assert ratio[short].median() > 1 > ratio[long].median()
+    w_sample, w_token = tc.token_weights(step["mask"], "sample"), tc.token_weights(step["mask"], "token")
+    assert torch.allclose(w_sample.sum(dim=1) / w_token.sum(dim=1), lengths.mean() / lengths)
+
+
+def test_one_step_cscr_at_strength_zero_is_grpo_exactly(monkeypatch):
+    step = one_step_on_tiny_policy(monkeypatch, strength=0.0)
+    assert torch.equal(step["delta"]["cscr 0"], step["delta"]["sample"])
+    assert not torch.equal(one_step_on_tiny_policy(monkeypatch, strength=2.0)["delta"]["cscr 2"], step["delta"]["sample"])
+
+
+# -----------------------------------------------------------------------------
+# the command line and whole runs
+
+TINY = ["--quick", "--warmup-steps", "30", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--steps", "2",
+        "--prompts-per-step", "2", "--group-size", "3", "--eval-size", "8", "--eval-every", "1",
+        "--max-new-tokens", "24", "--max-terms", "3", "--log-every", "1"]
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """The one test that asks for the CPU by name; what --device auto picks is never assumed."""
+    monkeypatch.chdir(tmp_path)
+    results = tt.main(TINY + ["--name", "smoke", "--seeds", "0,1", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert out.startswith("device: cpu (asked for cpu)") and "| method |" in out
+    for title in ("held-out accuracy after 2 policy updates", "One SGD step", "CSCR diagnosis"):
+        assert title in out
+    run = tmp_path / "runs" / "smoke"
+    for name in ("metrics.jsonl", "results.json", "curves.png", "onestep.png", "credit.png"):
+        assert (run / name).stat().st_size > 0, name
+    records = read_metrics(run / "metrics.jsonl")
+    assert len(records) == 5 * 2 * 2  # methods x seeds x steps
+    assert [r["method"] for r in results["table"]] == list(tt.PRESETS)
+    assert all(r["seeds"] == 2 and 0 <= r["final_accuracy"] <= 1 for r in results["table"])
+    assert json.loads((run / "results.json").read_text())["table"] == json.loads(json.dumps(results["table"]))
+    diag = results["diagnosis"]
+    assert diag["all"]["same_direction"] + diag["all"]["sign_reversal"] == pytest.approx(1.0, abs=0.05)
+    assert set(diag["by_class"]) == set(lab.CLASSES)
+    tt.main(TINY + ["--name", "again", "--methods", "grpo"])  # the cached warm-up is reused
+    assert "warm-up: reusing" in capsys.readouterr().out
+
+
+def test_presets_overrides_and_the_strength_ablation():
+    base, runs, seeds = tt.parse_args(["--methods", "grpo,dapo", "--eps-high", "0.5", "--steps", "7", "--seeds", "3,4"])
+    (_, grpo, _), (_, dapo, _) = runs
+    assert base.steps == 7 and grpo.steps == 7 and seeds == [3, 4]
+    assert grpo.eps_high == 0.5 and dapo.eps_high == 0.5  # the user's value beats every preset
+    assert grpo.loss_mode == "sample" and dapo.loss_mode == "token" and dapo.dynamic_sampling
+    assert dapo.reward_wrong == -1.0 and grpo.reward_wrong == 0.0 and grpo.surrogate == "clip"
+    _, runs, _ = tt.parse_args(["--methods", "cscr,drgrpo", "--cscr-strength", "0,0.5,4", "--surrogate", "reinforce"])
+    assert [(label, strength) for label, _, strength in runs] == [("cscr@0", 0.0), ("cscr@0.5", 0.5), ("cscr@4", 4.0),
+                                                                  ("drgrpo@0", 0.0), ("drgrpo@0.5", 0.5), ("drgrpo@4", 4.0)]
+    assert all(a.surrogate == "reinforce" for _, a, _ in runs) and runs[3][1].loss_mode == "constant"
+
+
+def test_same_seed_same_metrics_and_reinforce_from_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = TINY + ["--methods", "dapo,cscr", "--device", "cpu"]
+    tt.main(argv + ["--name", "a"])
+    tt.main(argv + ["--name", "b"])
+    drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("t_")}  # noqa: E731
+    a = [drop_times(r) for r in read_metrics(tmp_path / "runs" / "a" / "metrics.jsonl")]
+    b = [drop_times(r) for r in read_metrics(tmp_path / "runs" / "b" / "metrics.jsonl")]
+    assert a == b and len(a) == 4
+    tt.main(TINY + ["--methods", "grpo", "--surrogate", "reinforce", "--name", "reinforce"])
+    records = read_metrics(tmp_path / "runs" / "reinforce" / "metrics.jsonl")
+    assert records and all("num_tokens" in r and "clip_frac_low" not in r for r in records)  # no ratio, no clip
+
+
+def test_interrupt_still_writes_the_summary(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real_step = tt.train_step
+
+    def interrupt_at_second_step(step, *args, **kwargs):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real_step(step, *args, **kwargs)
+
+    monkeypatch.setattr(tt, "train_step", interrupt_at_second_step)
+    results = tt.main(TINY + ["--name", "stopped", "--steps", "5"])
+    assert results["interrupted"] and len(results["runs"]) == 1  # stops after the interrupted method
+    on_disk = json.loads((tmp_path / "runs" / "stopped" / "results.json").read_text())
+    assert on_disk["runs"][0]["steps"] == 1 and on_disk["runs"][0]["interrupted"]
+    assert len(read_metrics(tmp_path / "runs" / "stopped" / "metrics.jsonl")) == 1
+
+
+def test_model_dir_loads_a_saved_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    tokenizer = tt.build_tokenizer()
+    tt.build_tiny_model(tt.Args(n_layer=1, n_embd=32, n_head=2), tokenizer).save_pretrained(tmp_path / "my-model")
+    tokenizer.save_pretrained(tmp_path / "my-model")
+    results = tt.main(TINY + ["--name", "loaded", "--model", str(tmp_path / "my-model"), "--methods", "grpo,cscr"])
+    assert f"loading {tmp_path / 'my-model'}" in capsys.readouterr().out
+    assert results["warmup_path"] == str(tmp_path / "my-model") and len(results["runs"]) == 2
+
+
+def test_dynamic_sampling_filters_on_correctness(tmp_path, monkeypatch):
+    """DAPO's filter reads the verifier's verdicts, not the reward the overlong penalty has shaped."""
+    monkeypatch.chdir(tmp_path)
+    seen, real_fill_batch = [], tc.fill_batch
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("filter_key"))
+        return real_fill_batch(*args, **kwargs)
+
+    monkeypatch.setattr(tc, "fill_batch", spy)
+    tt.main(TINY + ["--methods", "dapo", "--name", "dapo"])
+    assert seen and set(seen) == {"correct"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "grpo,ppo"], "unknown method 'ppo'"),
+    (["--group-size", "1"], "--group-size must be >= 2"),
+    (["--steps", "-3"], "--steps must be >= 0, got -3"),
+    (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--cscr-strength", "1,x"], "--cscr-strength must be a comma-separated list of float, got '1,x'"),
+    (["--prompt-template", "no slot"], "must contain {problem}"),
+    (["--name", "../../x"], "--name must be a plain folder name under runs/"),
+    (["--loop-rate", "0.9", "--recheck-rate", "0.2"], "--recheck-rate + --loop-rate must be <= 1"),
+    (["--slip-rate", "1.5"], "--slip-rate must be in [0, 1], got 1.5"),
+    (["--misconception", "12"], "--misconception must list addends in 0..max_value = 9"),
+    (["--max-new-tokens", "120"], "leaves no room for a prompt"),
+    (["--micro-batches", "0"], "--micro-batches must be >= 1"),
+    (["--pg-coef", "0"], "--pg-coef and --distill-coef must be >= 0 and not both 0"),
+    # the method's own arguments are checked by tokencredit, before any work starts
+    (["--loss-mode", "seq"], "mode must be one of ('sample', 'token', 'group_token', 'constant'), got 'seq'"),
+    (["--adv-scale", "mad"], "scale must be one of ('std', 'batch', 'none'), got 'mad'"),
+    (["--surrogate", "ppo"], "surrogate must be one of ('clip', 'reinforce'), got 'ppo'"),
+    (["--eps-low", "-0.1"], "eps_low must be >= 0, got -0.1"),
+    (["--beta", "-1"], "beta must be >= 0, got -1.0"),
+    (["--cscr-strength", "-2"], "strength must be a finite number >= 0, got -2.0"),
+    (["--reward-wrong", "nan"], "rewards must be finite"),
+    (["--methods", "dapo", "--overlong-cache", "60"], "cache_len must be an int in (0, max_len = 48], got 60"),
+])
+def test_bad_arguments(argv, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tt.parse_args(argv)
+
+
+def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=re.escape("--device cuda was asked for, but torch.cuda.is_available() is False")):
+        tt.pick_device("cuda")
+    assert tt.pick_device("auto").type in ("cpu", "mps")
+
+
+def test_command_line_error_is_one_line():
+    done = subprocess.run([sys.executable, "train_tiny.py", "--methods", "ppo"], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith("train_tiny.py: error: --methods: unknown method 'ppo'")
+
+
+def test_grpo_fixes_the_warm_ups_mistakes(tmp_path, monkeypatch):
+    """The default warm-up (800 steps), then 20 GRPO updates, on the CPU: about 2 minutes on 2 cores.
+
+    Measured with `python train_tiny.py --seeds 0,1,2 --name readme` (the evaluation at update 20 of a
+    60-update run is this run's final one): greedy accuracy went from 0.790 to 0.940, 0.960 and 0.950 for
+    seeds 0, 1 and 2, sampled accuracy from 0.477 to 0.791, 0.808 and 0.800, and greedy accuracy where the
+    misconception applies from 0.222 to 0.778, 0.844 and 0.844. This test asserts the lab's targets on
+    seed 0, a rise of 0.10 greedy and 0.25 sampled, 0.05 and 0.06 below the smallest rise measured.
+    """
+    monkeypatch.chdir(tmp_path)
+    results = tt.main(["--methods", "grpo", "--seeds", "0", "--steps", "20", "--eval-every", "20", "--name", "learn",
+                       "--device", "cpu"])
+    run = results["runs"][0]
+    assert run["start_accuracy"] == pytest.approx(0.790, abs=0.05)
+    assert run["start_sampled_accuracy"] == pytest.approx(0.477, abs=0.05)
+    assert run["final_accuracy"] >= run["start_accuracy"] + 0.10
+    assert run["final_sampled_accuracy"] >= run["start_sampled_accuracy"] + 0.25
+    assert run["final_accuracy_misconception"] >= run["start_accuracy_misconception"] + 0.3  # the habit RL overturns
