@@ -493,7 +493,7 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_fraction: f
     if real.numel() == 0:
         return torch.zeros(entropy.shape, device=entropy.device)
     threshold = torch.quantile(real, 1 - top_fraction)  # linear interpolation, as torch's default
-    return (mask & (entropy >= threshold)).float()  # (N, T)
+    return (mask & (entropy.float() >= threshold)).float()  # (N, T), compared in the threshold's float32
 
 
 def token_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
