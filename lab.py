@@ -1,15 +1,16 @@
 """lab.py: what train_tiny.py's lab measures and draws, in the order its main() asks.
 
 0. The starting policy: is the right answer within reach of sampling?   pass_at_group, format_start
-1. Does RL fix the warm-up's mistakes?            summarise_run, summarise, format_table, plot_curves -> curves.png
-2. What does one step do under each weighting?    one_step, one_step_table, format_one_step, plot_one_step -> onestep.png
-3. Where does CSCR move credit?                   token_classes, diagnose, format_diagnosis, plot_credit -> credit.png
+1. Does RL fix the warm-up's mistakes?           evaluate (held-out), report_training: the table and curves.png
+2. What does one step do under each weighting?   report_one_step: one_step, its table and onestep.png
+3. Where does CSCR move credit?                  report_diagnosis: diagnose, its table and credit.png
 
 Every table title printed by train_tiny.py can be searched for here. Questions 2 and 3 are asked of the
 starting policy, on the first held-out prompts, from fixed random streams.
 """
 
 import math
+import os
 import re
 from typing import Dict, List
 
@@ -17,6 +18,11 @@ import torch
 
 import tokencredit as tc
 import train_tiny as tt
+
+
+# the lab's fixed random streams, as offsets from --warmup-seed, so that no two share one (train_tiny's held-out
+# problems use tt.HELD_OUT_STREAM)
+DIAGNOSIS_STREAM, EVAL_SAMPLING_STREAM, ONE_STEP_STREAM, PASS_AT_G_STREAM = 1, 2, 3, 4
 
 
 def pyplot():
@@ -33,12 +39,13 @@ def pyplot():
 def pass_at_group(model, tokenizer, args, problems, device) -> Dict[str, float]:
     """pass@1 (the mean accuracy of samples) and pass@G (some sample of the G is right): can a group
     contrast a right answer with a wrong one? And how much do the lengths of one prompt's answers differ?"""
-    tt.seed_everything(args.warmup_seed + tt.PASS_AT_G_STREAM)
+    tt.seed_everything(args.warmup_seed + PASS_AT_G_STREAM)
     _, mask, texts, complete = tt.generate(model, tokenizer, args, problems, args.group_size, False, device)
     flat = [t for t in problems for _ in range(args.group_size)]
     correct = tt.verify_all(flat, texts, complete).view(len(problems), args.group_size)  # (B, G)
     lengths = mask.sum(dim=1).float().view(len(problems), args.group_size)  # (B, G)
-    return {"pass@1": float(correct.float().mean()), f"pass@{args.group_size}": float(correct.any(dim=1).float().mean()),
+    return {"pass@1": float(correct.float().mean()),
+            f"pass@{args.group_size}": float(correct.any(dim=1).float().mean()),
             "longest/shortest in a group": float((lengths.max(dim=1).values / lengths.min(dim=1).values).mean()),
             "groups with a truncated answer": float((~complete).view(len(problems), args.group_size).any(dim=1)
                                                     .float().mean())}
@@ -55,6 +62,44 @@ def format_start(start: dict, args) -> str:
 
 # -----------------------------------------------------------------------------
 # 1. does RL fix the warm-up's mistakes? Held-out accuracy before and after, and the curves
+
+def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
+    """Held-out accuracy, greedy and as the mean over eval_samples samples at the rollout temperature
+    (what RL maximises); greedy also split by whether the problem meets the misconception. Sampling
+    draws from its own stream, so evaluating does not change the training run's."""
+    greedy, sampled, lengths = [], 0, []
+    with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+        torch.manual_seed(args.warmup_seed + EVAL_SAMPLING_STREAM)
+        for start in range(0, len(problems), 256):
+            chunk = problems[start:start + 256]
+            _, mask, texts, complete = tt.generate(model, tokenizer, args, chunk, 1, True, device)
+            greedy += tt.verify_all(chunk, texts, complete).tolist()
+            lengths += mask.sum(dim=1).tolist()
+            _, _, texts, complete = tt.generate(model, tokenizer, args, chunk, args.eval_samples, False, device)
+            sampled += int(tt.verify_all([t for t in chunk for _ in range(args.eval_samples)], texts, complete).sum())
+    meets = [meets_misconception(t, args) for t in problems]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    return dict(accuracy=mean(greedy), sampled_accuracy=sampled / (len(problems) * args.eval_samples),
+                length=mean(lengths), accuracy_misconception=mean([g for g, m in zip(greedy, meets) if m]),
+                accuracy_other=mean([g for g, m in zip(greedy, meets) if not m]))
+
+
+def meets_misconception(terms: List[int], args) -> bool:
+    """True if solving `terms` adds one of the misconception's addends with a carry (where it errs)."""
+    totals = [sum(terms[:k + 1]) for k in range(len(terms) - 1)]  # the partial sum before each step
+    return any(tt.forgets_carry(total, x, tt.forgotten_addends(args)) for total, x in zip(totals, terms[1:]))
+
+
+def rollout_stats(batch: Dict[str, torch.Tensor], mask: torch.Tensor) -> Dict[str, float]:
+    """What one update's rollouts look like: mean length, of right and of wrong answers; the fraction
+    truncated (loops that hit the budget) and the fraction that finished after re-checking a step."""
+    lengths = mask.sum(dim=1).float().cpu()  # (N,)
+    correct, complete = batch["correct"].flatten(), batch["complete"].flatten()
+    mean_or_nan = lambda x: float(x.mean()) if x.numel() else float("nan")  # noqa: E731
+    return dict(length=float(lengths.mean()), length_correct=mean_or_nan(lengths[correct]),
+                length_wrong=mean_or_nan(lengths[~correct]), truncated_frac=float((~complete).float().mean()),
+                recheck_frac=float((batch["detour"].flatten() & complete).float().mean()))
+
 
 def mean_of(records: List[dict], key: str) -> float:
     values = [r[key] for r in records if key in r and r[key] == r[key]]  # NaN: no such rollout in that batch
@@ -121,6 +166,16 @@ def format_table(table: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def report_training(runs: List[dict], histories: Dict[str, List[dict]], start: dict, args, out_dir: str) -> List[dict]:
+    """Prints the table of every method (mean +- std over seeds), draws curves.png, returns the table."""
+    table = summarise(runs)
+    plot_curves(histories, start, os.path.join(out_dir, "curves.png"))
+    print(f"\nheld-out accuracy after {args.steps} policy updates ({args.eval_size} problems; greedy, and the mean "
+          f"of {args.eval_samples} samples at temperature {args.temperature:g}), mean +- std over seeds {args.seeds}:")
+    print(format_table(table))
+    return table
+
+
 def plot_curves(histories: Dict[str, List[dict]], start: Dict[str, float], path: str) -> None:
     """curves.png: held-out accuracy, lengths of right and wrong answers, truncated and re-checked rollouts,
     entropy and the informative-group fraction against policy update, mean over seeds."""
@@ -148,8 +203,8 @@ def plot_curves(histories: Dict[str, List[dict]], start: Dict[str, float], path:
         for k, (label, records) in enumerate(histories.items()):
             for key, style in zip(keys, ("-", "--")):
                 if key.startswith("eval_"):
-                    ax.plot(*mean_curve(records, key, start[key[len("eval_"):]]), style, color=colours[k % len(colours)],
-                            marker="o", markersize=3, label=label if style == "-" else None)
+                    ax.plot(*mean_curve(records, key, start[key[len("eval_"):]]), style, marker="o", markersize=3,
+                            color=colours[k % len(colours)], label=label if style == "-" else None)
                 else:  # per-step values are noisy: a centred 5-step moving average
                     steps, values = mean_curve(records, key)
                     smooth = [sum(values[max(0, i - 2):i + 3]) / len(values[max(0, i - 2):i + 3])
@@ -171,6 +226,7 @@ def plot_curves(histories: Dict[str, List[dict]], start: Dict[str, float], path:
 # 2. what does one step do under each weighting? One plain SGD step, measured exactly
 
 LENGTH_BUCKETS = (("short (<= 15 tokens)", 0, 15), ("medium (16-29)", 16, 29), ("long (>= 30)", 30, 10 ** 9))
+ENTROPY_TOP = 0.2  # the fraction of a batch's tokens the entropy mask keeps, as in the 80/20 paper
 
 
 def one_step(model, tokenizer, args, problems, strength: float, lr: float, device) -> dict:
@@ -182,7 +238,7 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     how much log pi(o_t) responds to the parameters, summed over every token's push.
     Returns Delta (N, T) keyed by weighting, and the batch it was measured on.
     """
-    tt.seed_everything(args.warmup_seed + tt.ONE_STEP_STREAM)
+    tt.seed_everything(args.warmup_seed + ONE_STEP_STREAM)
     responses, mask, texts, complete = tt.generate(model, tokenizer, args, problems, args.group_size, False, device)
     G, B = args.group_size, len(problems)
     flat = [t for t in problems for _ in range(G)]
@@ -190,20 +246,23 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     rewards = torch.where(correct, args.reward_correct, args.reward_wrong).float().view(B, G)
     advantages = tc.group_advantages(rewards, scale="std").flatten().to(device)  # (N,)
     with torch.no_grad():
-        (logp, _), (logp_pos, _), (logp_neg, _) = tt.score(model, tokenizer, args, flat, responses, mask,
-                                                           ("", args.cond_pos, args.cond_neg))
+        (logp, logits), (logp_pos, _), (logp_neg, _) = tt.score(model, tokenizer, args, flat, responses, mask,
+                                                                ("", args.cond_pos, args.cond_neg), need_logits=True)
     sensitivity = tc.counterfactual_sensitivity(*tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask))
     cscr = tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)  # (N, T)
-    settings = [(mode, mode, advantages, lr) for mode in tc.AGGREGATION_MODES]
-    settings += [(f"cscr {strength:g}", "sample", tc.token_advantages(advantages, cscr), lr),
-                 ("sample, lr/2", "sample", advantages, lr / 2)]
+    keep = tc.high_entropy_mask(tc.token_entropy(logits), mask, ENTROPY_TOP)  # (N, T)
+    settings = [(mode, mode, advantages, lr, "token") for mode in tc.AGGREGATION_MODES]
+    settings += [(f"cscr {strength:g}", "sample", tc.token_advantages(advantages, cscr), lr, "token"),
+                 (f"entropy top {ENTROPY_TOP:g}", "sample", tc.token_advantages(advantages, keep), lr, "token"),
+                 ("gspo", "sample", advantages, lr, "sequence"),
+                 ("sample, lr/2", "sample", advantages, lr / 2, "token")]
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     delta = {}
-    for name, mode, token_adv, step_lr in settings:
+    for name, mode, token_adv, step_lr, ratio_level in settings:
         model.load_state_dict(start)
         (new_logp, _), = tt.score(model, tokenizer, args, flat, responses, mask)
         loss, _ = tc.policy_loss(new_logp, new_logp.detach(), token_adv, mask, mode=mode, group_size=G,
-                                 max_len=args.max_new_tokens)
+                                 max_len=args.max_new_tokens, ratio_level=ratio_level)
         model.zero_grad(set_to_none=True)
         loss.backward()
         with torch.no_grad():
@@ -217,6 +276,15 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     return dict(delta=delta, mask=mask.cpu(), correct=correct.cpu(), advantages=advantages.cpu(),
                 responses=responses.cpu(), cscr_weights=cscr.cpu(), sensitivity=sensitivity.cpu(),
                 strength=strength, lr=lr)
+
+
+def report_one_step(model, tokenizer, args, problems, strength: float, device, out_dir: str) -> dict:
+    """On the first prompts_per_step held-out prompts: prints the table, draws onestep.png, returns the table."""
+    step = one_step(model, tokenizer, args, problems[:args.prompts_per_step], strength, args.one_step_lr, device)
+    table = one_step_table(step)
+    print("\n" + format_one_step(table))
+    plot_one_step(step, table, tokenizer, os.path.join(out_dir, "onestep.png"))
+    return table
 
 
 def sample_over_token(step: dict) -> tuple:
@@ -369,22 +437,28 @@ def diagnose(model, tokenizer, args, problems, strength: float, device):
     """Sample G responses per problem from the starting policy and score them under c+ and c-:
     do the two assertions push each token class the same way, and what weight does CSCR give it?
     Returns (diagnosis dict, data for the credit picture)."""
-    tt.seed_everything(args.warmup_seed + tt.DIAGNOSIS_STREAM)
+    tt.seed_everything(args.warmup_seed + DIAGNOSIS_STREAM)
     responses, mask, texts, complete = tt.generate(model, tokenizer, args, problems, args.group_size, False, device)
     flat = [t for t in problems for _ in range(args.group_size)]
-    (logp, _), (logp_pos, _), (logp_neg, _) = tt.score(model, tokenizer, args, flat, responses, mask,
-                                                       ("", args.cond_pos, args.cond_neg))
+    (logp, logits), (logp_pos, _), (logp_neg, _) = tt.score(model, tokenizer, args, flat, responses, mask,
+                                                            ("", args.cond_pos, args.cond_neg), need_logits=True)
     d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
     sensitivity = tc.counterfactual_sensitivity(d_pos, d_neg)
     classes = token_classes(tokenizer, responses).to(device)
     correct = tt.verify_all(flat, texts, complete).to(device)
     weights = tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)
+    entropy = tc.token_entropy(logits)  # (N, T): the other bet on which tokens matter
+    keep = tc.high_entropy_mask(entropy, mask, ENTROPY_TOP).bool()
+    sensitive = tc.high_entropy_mask(sensitivity, mask, ENTROPY_TOP).bool()  # the top 20 % by sensitivity
+    correlation = torch.corrcoef(torch.stack([entropy[mask], sensitivity[mask]]))[0, 1]  # over real tokens
     result = dict(all=tc.shift_diagnostics(d_pos, d_neg, mask), by_class={}, by_outcome={},
-                  strength=strength, responses=len(flat))
+                  strength=strength, responses=len(flat), entropy_sensitivity_correlation=float(correlation),
+                  top_entropy_also_top_sensitivity=float((keep & sensitive).sum() / keep.sum().clamp(min=1)))
     for k, name in enumerate(CLASSES):
         in_class = mask & (classes == k)
         entry = tc.shift_diagnostics(d_pos, d_neg, in_class)
-        entry["mean_cscr_weight"] = float(weights[in_class].mean()) if in_class.any() else float("nan")
+        mean_in = lambda x: float(x[in_class].float().mean()) if in_class.any() else float("nan")  # noqa: E731
+        entry.update(mean_cscr_weight=mean_in(weights), mean_entropy=mean_in(entropy), top_entropy=mean_in(keep))
         result["by_class"][name] = entry
     for name, rows in (("correct", correct), ("wrong", ~correct)):
         result["by_outcome"][name] = tc.shift_diagnostics(d_pos, d_neg, mask & rows[:, None])
@@ -393,16 +467,29 @@ def diagnose(model, tokenizer, args, problems, strength: float, device):
     return result, picture
 
 
+def report_diagnosis(model, tokenizer, args, problems, strength: float, device, out_dir: str) -> dict:
+    """On the first 32 held-out prompts: prints the table, draws credit.png, returns the diagnosis."""
+    diagnosis, picture = diagnose(model, tokenizer, args, problems[:32], strength, device)
+    print("\n" + format_diagnosis(diagnosis))
+    plot_credit(picture, tokenizer, strength, os.path.join(out_dir, "credit.png"))
+    return diagnosis
+
+
 def format_diagnosis(diag: dict) -> str:
     a = diag["all"]
     lines = [f"CSCR diagnosis on the starting policy ({diag['responses']} sampled responses, "
              f"{a['num_tokens']} tokens): same direction {a['same_direction']:.3f}, sign reversal "
              f"{a['sign_reversal']:.3f}, mean |d+| {a['mean_abs_pos']:.3f}, mean |d-| {a['mean_abs_neg']:.3f}",
-             "| token class | tokens | same direction | sign reversal | mean sensitivity | mean CSCR weight |",
-             "|---|---|---|---|---|---|"]
+             f"entropy against sensitivity: correlation {diag['entropy_sensitivity_correlation']:.3f} over tokens; "
+             f"{diag['top_entropy_also_top_sensitivity']:.3f} of the top {ENTROPY_TOP:.0%} by entropy are also in the "
+             f"top {ENTROPY_TOP:.0%} by sensitivity",
+             f"| token class | tokens | same direction | sign reversal | mean sensitivity | mean CSCR weight | "
+             f"mean entropy | in the top {ENTROPY_TOP:.0%} by entropy |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, e in diag["by_class"].items():
         lines.append(f"| {name} | {e['num_tokens']} | {e['same_direction']:.3f} | {e['sign_reversal']:.3f} | "
-                     f"{e['mean_sensitivity']:.3f} | {e['mean_cscr_weight']:.3f} |")
+                     f"{e['mean_sensitivity']:.3f} | {e['mean_cscr_weight']:.3f} | {e['mean_entropy']:.3f} | "
+                     f"{e['top_entropy']:.3f} |")
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ def test_demonstrator_habits_hand_worked():
     # the misconception: 15+9 forgets the carry (14), and the error is carried to the answer
     assert tt.demonstrate([6, 9, 9], demo_args(misconception_rate=1.0), rng) == ("6+9=5,5+9=4>4", True)
     assert tt.demonstrate([5, 5, 9], demo_args(misconception_rate=1.0), rng) == ("5+5=10,10+9=19>19", True)  # no carry
-    assert tt.meets_misconception([6, 9, 9], tt.Args()) and not tt.meets_misconception([5, 5, 9], tt.Args())
+    assert lab.meets_misconception([6, 9, 9], tt.Args()) and not lab.meets_misconception([5, 5, 9], tt.Args())
     assert tt.demonstrate([6, 9, 8], demo_args(), rng) == ("6+9=15,15+8=23>23", True)
     text, finished = tt.demonstrate([6, 9, 8], demo_args(recheck_rate=1.0), rng)
     assert finished and text in ("6+9=15,6+9=15,15+8=23>23", "6+9=15,15+8=23,15+8=23>23")
@@ -239,7 +239,7 @@ def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, c
         assert (run / name).stat().st_size > 0, name
     records = read_metrics(run / "metrics.jsonl")
     assert len(records) == 5 * 2 * 2  # methods x seeds x steps
-    assert [r["method"] for r in results["table"]] == list(tt.PRESETS)
+    assert [r["method"] for r in results["table"]] == tt.Args().methods.split(",")
     assert all(r["seeds"] == 2 and 0 <= r["final_accuracy"] <= 1 for r in results["table"])
     assert json.loads((run / "results.json").read_text())["table"] == json.loads(json.dumps(results["table"]))
     diag = results["diagnosis"]
@@ -293,16 +293,6 @@ def test_interrupt_still_writes_the_summary(tmp_path, monkeypatch):
     assert len(read_metrics(tmp_path / "runs" / "stopped" / "metrics.jsonl")) == 1
 
 
-def test_model_dir_loads_a_saved_model(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    tokenizer = tt.build_tokenizer()
-    tt.build_tiny_model(tt.Args(n_layer=1, n_embd=32, n_head=2), tokenizer).save_pretrained(tmp_path / "my-model")
-    tokenizer.save_pretrained(tmp_path / "my-model")
-    results = tt.main(TINY + ["--name", "loaded", "--model", str(tmp_path / "my-model"), "--methods", "grpo,cscr"])
-    assert f"loading {tmp_path / 'my-model'}" in capsys.readouterr().out
-    assert results["warmup_path"] == str(tmp_path / "my-model") and len(results["runs"]) == 2
-
-
 def test_dynamic_sampling_filters_on_correctness(tmp_path, monkeypatch):
     """DAPO's filter reads the verifier's verdicts, not the reward the overlong penalty has shaped."""
     monkeypatch.chdir(tmp_path)
@@ -323,7 +313,6 @@ def test_dynamic_sampling_filters_on_correctness(tmp_path, monkeypatch):
     (["--steps", "-3"], "--steps must be >= 0, got -3"),
     (["--lr", "-1"], "--lr must be > 0, got -1.0"),
     (["--cscr-strength", "1,x"], "--cscr-strength must be a comma-separated list of float, got '1,x'"),
-    (["--prompt-template", "no slot"], "must contain {problem}"),
     (["--name", "../../x"], "--name must be a plain folder name under runs/"),
     (["--loop-rate", "0.9", "--recheck-rate", "0.2"], "--recheck-rate + --loop-rate must be <= 1"),
     (["--slip-rate", "1.5"], "--slip-rate must be in [0, 1], got 1.5"),
@@ -348,7 +337,7 @@ def test_bad_arguments(argv, message):
 
 def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=re.escape("--device cuda was asked for, but torch.cuda.is_available() is False")):
+    with pytest.raises(ValueError, match="--device cuda was asked for, but torch .* finds no CUDA device here"):
         tt.pick_device("cuda")
     assert tt.pick_device("auto").type in ("cpu", "mps")
 

@@ -1,34 +1,27 @@
-"""train_tiny.py: GRPO, Dr. GRPO, DAPO, CSCR and OPSD on a tiny model and a task RL can fix.
+"""train_tiny.py: GRPO, Dr. GRPO, DAPO, GSPO, CSCR, the entropy mask and OPSD on a task RL can fix.
 
-A small GPT-2-style model (0.6 M parameters, built from a config, nothing downloaded) adds 2 to 5
-one-digit numbers by writing running partial sums. Every equation comes from tokencredit.py; this
-file samples, verifies and updates, top to bottom, and lab.py measures and draws.
+A GPT-2-style model of 0.6 M parameters, built in code, adds 2 to 5 one-digit numbers by writing
+running partial sums. Every equation comes from tokencredit.py; this file samples, verifies and
+updates, top to bottom; lab.py measures and draws.
 
-Task encoding (one character per token):
-    prompt    "6+9+8="                      the problem
-    response  "6+9=15,15+8=23>23<eos>"      partial sums, then ">" and the final answer
-An exact verifier reads the digits after the single ">" of a response that ended with <eos>;
-anything else (malformed, truncated, extra text) is wrong.
-
-The starting policy imitates a demonstrator with habits that RL can fix:
-    misconception  it forgets the carry when adding 9 (15+9=14), 60% of the time, so greedy
-                   decoding starts out wrong there while sampling can still find the right fact;
-    slips          any other step is off by 1 or 2, 8% of the time;
-    re-checks      25% of its answers write one step twice: right, and ~8 tokens longer;
-    loops          12% repeat one step until the budget of 48 tokens: truncated, wrong.
-So the answers to one prompt differ in length for reasons that matter to credit. A quarter of the
-warm-up's demonstrations carry the verifier's verdict before the prompt, "Y" (correct) or "N"
-(wrong): the privileged conditions that CSCR and OPSD score under.
+    prompt    "6+9+8="                    one character per token
+    response  "6+9=15,15+8=23>23<eos>"    the verifier reads the number after the single ">" of a
+                                          response that ended with <eos>; anything else is wrong
+The starting policy imitates a demonstrator with habits that RL can fix: it forgets the carry when
+adding 9 (15+9=14) 60% of the time, so greedy decoding starts out wrong there; 8% of other steps
+slip by 1 or 2; 25% of its answers re-check a step (right, ~8 tokens longer); 12% loop on a step
+until the 48-token budget (truncated, wrong). A quarter of the warm-up's demonstrations carry the
+verdict before the prompt, "Y" (correct) or "N" (wrong): the conditions CSCR and OPSD score under.
 
     python train_tiny.py              # warm-up, then every method: about 6 min on 2 CPU cores
     python train_tiny.py --quick      # a smaller task, about 40 s, for a first look
-    python train_tiny.py --help       # every argument
 """
 
 import argparse
 import dataclasses
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import os
@@ -58,13 +51,17 @@ PRESETS: Dict[str, Dict[str, object]] = {
     "cscr": dict(adv_scale="std", loss_mode="sample", eps_low=0.2, eps_high=0.2, cscr_strength="1.0"),
     # OPSD, the CSCR paper's baseline: distil from the model told "this answer is correct", no reward
     "opsd": dict(loss_mode="token", pg_coef=0.0, distill_coef=1.0),
+    # GSPO [arXiv 2507.18071]: one length-normalised ratio per response, clipped per response (its clip range)
+    "gspo": dict(adv_scale="std", loss_mode="sample", ratio_level="sequence", eps_low=3e-4, eps_high=4e-4),
+    # the 80/20 rule [arXiv 2506.01939]: GRPO's gradient on the top 20 % of a batch's tokens by entropy only
+    "entropy80": dict(adv_scale="std", loss_mode="sample", eps_low=0.2, eps_high=0.2, entropy_top=0.2),
 }
 
 
 @dataclass
 class Args:
     # --- what to run
-    methods: str = "grpo,drgrpo,dapo,cscr,opsd"  # comma-separated presets to compare: grpo, drgrpo, dapo, cscr, opsd
+    methods: str = "grpo,drgrpo,dapo,cscr,opsd"  # comma-separated presets to compare (see the list below)
     seeds: str = "0"  # comma-separated seeds; each seed runs every method (the table reports mean and std)
     name: str = "default"  # results go to runs/<name>/
     device: str = "auto"  # auto (CUDA if present, else MPS, else CPU), cpu, cuda or mps
@@ -82,9 +79,7 @@ class Args:
     eval_size: int = 200  # held-out problems, scored with greedy decoding
     eval_every: int = 20  # policy updates between held-out evaluations
     eval_samples: int = 4  # samples per held-out problem for the sampled accuracy, at the rollout temperature
-    # --- the model and its warm-up
-    model: str = ""  # a local causal-LM directory (save_pretrained layout) to train instead of the tiny model
-    prompt_template: str = "{problem}"  # how a problem is rendered as text; must contain {problem}
+    # --- the tiny model and its warm-up
     cond_pos: str = "Y"  # text put before the prompt to assert 'this answer is correct' (CSCR's c+, OPSD's teacher)
     cond_neg: str = "N"  # text put before the prompt to assert 'this answer is incorrect' (CSCR's c-)
     n_layer: int = 3  # transformer blocks of the tiny model
@@ -106,9 +101,11 @@ class Args:
     log_every: int = 5  # policy updates between progress lines
     one_step_lr: float = 0.01  # learning rate of lab.py's single plain-SGD step that shows what each weighting does
     # --- the method (set by the presets; any of them can be given to override)
-    adv_scale: str = "std"  # group advantage: std (GRPO), batch, or none (Dr. GRPO)
+    adv_scale: str = "std"  # group advantage: divide by the group's std (GRPO), the batch's, or none (Dr. GRPO)
+    baseline: str = "mean"  # group advantage: subtract the group's mean (GRPO) or the others' (leave_one_out, RLOO)
     loss_mode: str = "sample"  # token weights: sample, token, group_token or constant
     surrogate: str = "clip"  # per-token loss: clip (PPO-clip) or reinforce (-A log pi, no ratio)
+    ratio_level: str = "token"  # importance ratio: token (PPO, GRPO), sequence (GSPO) or sequence_token
     eps_low: float = 0.2  # lower clip range: rho >= 1 - eps_low
     eps_high: float = 0.2  # upper clip range: rho <= 1 + eps_high (DAPO's Clip-Higher uses 0.28)
     reward_correct: float = 1.0  # reward of a verified answer
@@ -116,10 +113,11 @@ class Args:
     dynamic_sampling: bool = False  # DAPO: resample until the batch holds prompts_per_step informative groups
     max_sampling_rounds: int = 3  # dynamic sampling gives up after this many rounds and trains on what it has
     overlong_shaping: bool = False  # DAPO: add the soft overlong penalty to the reward
-    overlong_cache: int = 6  # L_cache: the soft overlong zone (L_max - L_cache, L_max] = (42, 48] holds no right demo
+    overlong_cache: int = 6  # L_cache: the soft overlong zone is (L_max - L_cache, L_max], (42, 48] by default
     beta: float = 0.0  # weight of the k3 KL to the warm-up model (GRPO's paper used 0.04)
     cscr_strength: str = "0"  # CSCR alpha; several comma-separated values run the strength ablation
     cscr_threshold: float = 0.0  # CSCR tau: sensitivity below it is not downweighted
+    entropy_top: float = 1.0  # policy gradient only on this top fraction of a batch's tokens by entropy (1: all)
     pg_coef: float = 1.0  # weight of the policy-gradient loss
     distill_coef: float = 0.0  # weight of the self-distillation (OPSD) loss
 
@@ -127,14 +125,13 @@ class Args:
 QUICK = dict(name="quick", max_terms=3, max_value=5, misconception="5", max_new_tokens=32, warmup_steps=150,
              steps=12, prompts_per_step=8, eval_size=100, eval_every=6, log_every=6)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
-# the lab's fixed random streams, as offsets from --warmup-seed, so that no two share one
-HELD_OUT_STREAM, DIAGNOSIS_STREAM, EVAL_SAMPLING_STREAM, ONE_STEP_STREAM, PASS_AT_G_STREAM = 10 ** 6, 1, 2, 3, 4
+HELD_OUT_STREAM = 10 ** 6  # the held-out problems' seed is warmup_seed + this; lab.py's fixed streams use 1 to 4
 
 
 def parse_args(argv: Optional[List[str]] = None):
     """Returns (base Args, runs, seeds): runs is one (label, Args, CSCR strength) per trained method."""
     docs = dict(re.findall(r"\n    (\w+): \w+ = .*?  # (.*)", inspect.getsource(Args)))  # each field's comment
-    presets = "\n".join(f"  {name:<7s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
+    presets = "\n".join(f"  {name:<9s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
                         for name, preset in PRESETS.items())
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -142,11 +139,10 @@ def parse_args(argv: Optional[List[str]] = None):
                f"{presets}\n--quick sets: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     for f in dataclasses.fields(Args):
         flag, doc = "--" + f.name.replace("_", "-"), f"{docs[f.name]} (default: {f.default})"
-        if f.type in (bool, "bool"):
+        if f.type is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=doc)
         else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=f.name.upper(), help=doc)
+            parser.add_argument(flag, type=f.type, default=argparse.SUPPRESS, metavar=f.name.upper(), help=doc)
     given = vars(parser.parse_args(argv))
     base = dataclasses.replace(Args(), **(QUICK if given.get("quick") else {}))
     base = dataclasses.replace(base, **{k: v for k, v in given.items() if k not in PRESET_KEYS})
@@ -180,23 +176,18 @@ def validate_args(a: Args) -> None:
         require(getattr(a, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     for name in ("warmup_lr", "one_step_lr", "lr", "temperature"):
         require(getattr(a, name) > 0, f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name)}")
-    require(1 <= a.min_terms <= a.max_terms,
-            f"--min-terms and --max-terms must satisfy 1 <= min <= max, got {a.min_terms} and {a.max_terms}")
-    require(a.max_value >= 1, f"--max-value must be >= 1, got {a.max_value}")
+    require(1 <= a.min_terms <= a.max_terms and a.max_value >= 1, f"--min-terms, --max-terms and --max-value must "
+            f"satisfy 1 <= min <= max and 1 <= max-value, got {a.min_terms}, {a.max_terms} and {a.max_value}")
     require(a.device in ("auto", "cpu", "cuda", "mps"), f"--device must be auto, cpu, cuda or mps, got {a.device!r}")
-    require("{problem}" in a.prompt_template, f"--prompt-template must contain {{problem}}, got {a.prompt_template!r}")
     require(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", a.name)),
             f"--name must be a plain folder name under runs/ (letters, digits, . _ -), got {a.name!r}")
-    require(a.n_embd % a.n_head == 0, f"--n-embd must be divisible by --n-head, got {a.n_embd} and {a.n_head}")
-    longest_prompt = (1 + len(a.prompt_template) - len("{problem}")  # a condition tag, the template's text
-                      + a.max_terms * (len(str(a.max_value)) + 1))  # "9+9+...=": one character a token
-    require(bool(a.model) or longest_prompt + a.max_new_tokens + 1 <= 128,
-            f"--max-new-tokens {a.max_new_tokens} leaves no room for a prompt of up to {longest_prompt} tokens "
-            f"in the tiny model's 128 positions")
+    longest_prompt = len(a.cond_pos) + a.max_terms * (len(str(a.max_value)) + 1)  # "Y9+9+...=", a token a character
+    require(longest_prompt + a.max_new_tokens + 1 <= 128, f"--max-new-tokens {a.max_new_tokens} leaves no room for a "
+            f"prompt of up to {longest_prompt} tokens in the tiny model's 128 positions")
     for name in ("misconception_rate", "slip_rate", "recheck_rate", "loop_rate"):
         require(0 <= getattr(a, name) <= 1, f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(a, name)}")
-    require(a.recheck_rate + a.loop_rate <= 1,
-            f"--recheck-rate + --loop-rate must be <= 1, got {a.recheck_rate} + {a.loop_rate}")
+    require(a.recheck_rate + a.loop_rate <= 1, f"--recheck-rate + --loop-rate must be <= 1, got {a.recheck_rate} + "
+            f"{a.loop_rate}")
     require(all(0 <= d <= a.max_value for d in forgotten_addends(a)),
             f"--misconception must list addends in 0..max_value = {a.max_value}, got {a.misconception!r}")
     parse_list(a.seeds, int, "--seeds")
@@ -208,11 +199,12 @@ def check_method(a: Args, strength: float) -> None:
         raise ValueError(f"--pg-coef and --distill-coef must be >= 0 and not both 0, got {a.pg_coef} and "
                          f"{a.distill_coef}")
     ones = torch.ones(a.group_size, 1)  # one group of one-token responses
-    tc.group_advantages(torch.tensor([[a.reward_correct, a.reward_wrong]]), scale=a.adv_scale)
+    tc.group_advantages(torch.tensor([[a.reward_correct, a.reward_wrong]]), scale=a.adv_scale, baseline=a.baseline)
     tc.policy_loss(ones, ones, ones[:, 0], ones, mode=a.loss_mode, eps_low=a.eps_low, eps_high=a.eps_high,
                    group_size=a.group_size, max_len=a.max_new_tokens, ref_logp=ones, beta=a.beta,
-                   surrogate=a.surrogate)
+                   surrogate=a.surrogate, ratio_level=a.ratio_level)
     tc.cscr_weights(ones, ones, strength, a.cscr_threshold)
+    tc.high_entropy_mask(ones, ones, a.entropy_top)
     if a.overlong_shaping:
         tc.overlong_penalty(ones[:, 0], a.max_new_tokens, a.overlong_cache)
 
@@ -228,14 +220,13 @@ def parse_list(text: str, kind, flag: str) -> list:
 
 
 def pick_device(requested: str) -> torch.device:
-    mps = getattr(torch.backends, "mps", None)
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False "
-                         f"(torch {torch.__version__}); use --device cpu or auto")
-    if requested == "mps" and not (mps and mps.is_available()):
-        raise ValueError("--device mps was asked for, but MPS is not available; use --device cpu or auto")
+    """auto: CUDA if present, else Apple's MPS, else the CPU."""
+    available = dict(cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available(), cpu=True)
     if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else ("mps" if mps and mps.is_available() else "cpu")
+        requested = next(name for name, ok in available.items() if ok)
+    if not available[requested]:
+        raise ValueError(f"--device {requested} was asked for, but torch {torch.__version__} finds no "
+                         f"{requested.upper()} device here; use --device cpu or auto")
     return torch.device(requested)
 
 
@@ -271,17 +262,8 @@ def forgets_carry(total: int, x: int, forgotten: set) -> bool:
     return x in forgotten and total % 10 + x >= 10
 
 
-def meets_misconception(terms: List[int], args: Args) -> bool:
-    """True if solving `terms` adds one of the misconception's addends with a carry (where it errs)."""
-    totals = [sum(terms[:k + 1]) for k in range(len(terms) - 1)]  # the partial sum before each step
-    return any(forgets_carry(total, x, forgotten_addends(args)) for total, x in zip(totals, terms[1:]))
-
-
 def demonstrate(terms: List[int], args: Args, rng: random.Random) -> tuple:
-    """One solution as the demonstrator writes it, with its habits (see the top of the file).
-
-    Returns (text, finished): a loop repeats one step until the budget and never finishes.
-    """
+    """One solution with the demonstrator's habits (see the top). Returns (text, finished): a loop never finishes."""
     forgotten = forgotten_addends(args)
     slips, total = {}, terms[0]
     for k, x in enumerate(terms[1:]):
@@ -342,14 +324,10 @@ class ProblemStream:
 # -----------------------------------------------------------------------------
 # the tiny model, its character tokenizer (built in code) and the supervised warm-up
 
-SPECIALS = ["<pad>", "<eos>"]
-CHARS = list("0123456789+=,>YN")
-
-
 def build_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<eos>"] + list("0123456789+=,>YN"))}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
     core.decoder = decoders.Fuse()
@@ -372,10 +350,8 @@ def warmup_batch(args: Args, tokenizer, rng: random.Random, device):
     texts, prompt_lens = [], []
     for terms in stream.next(args.warmup_batch):
         text, finished = demonstrate(terms, args, rng)
-        cond = ""
-        if rng.random() < 0.25:
-            cond = args.cond_pos if verify(terms, text, finished) else args.cond_neg
-        prompt = cond + args.prompt_template.format(problem=render_problem(terms))
+        cond = (args.cond_pos if verify(terms, text, finished) else args.cond_neg) if rng.random() < 0.25 else ""
+        prompt = cond + render_problem(terms)
         texts.append(prompt + text + (tokenizer.eos_token if finished else ""))
         prompt_lens.append(len(tokenizer(prompt)["input_ids"]))
     tokenizer.padding_side = "right"
@@ -387,31 +363,25 @@ def warmup_batch(args: Args, tokenizer, rng: random.Random, device):
     return ids, attention, labels
 
 
+WARMUP_FIELDS = ("n_layer", "n_embd", "n_head", "warmup_steps", "warmup_batch", "warmup_lr", "warmup_seed", "min_terms",
+                 "max_terms", "max_value", "cond_pos", "cond_neg", "misconception", "misconception_rate", "slip_rate",
+                 "recheck_rate", "loop_rate", "max_new_tokens")
+
+
 def warmup_key(args: Args) -> str:
-    fields = dict(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, steps=args.warmup_steps,
-                  batch=args.warmup_batch, lr=args.warmup_lr, seed=args.warmup_seed, min_terms=args.min_terms,
-                  max_terms=args.max_terms, max_value=args.max_value, cond_pos=args.cond_pos,
-                  cond_neg=args.cond_neg, template=args.prompt_template, misconception=args.misconception,
-                  misconception_rate=args.misconception_rate, slip_rate=args.slip_rate,
-                  recheck_rate=args.recheck_rate, loop_rate=args.loop_rate, budget=args.max_new_tokens, version=2)
+    """Names the cached warm-up by every argument it depends on."""
+    fields = {name: getattr(args, name) for name in WARMUP_FIELDS}
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def load_or_warm_up(args: Args, device, runs_dir: str):
-    """The starting policy: --model DIR, or the tiny model after a cached supervised warm-up."""
+    """The starting policy: the tiny model after a supervised warm-up, cached in runs_dir. Returns
+    (model, tokenizer, the checkpoint's path)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    if args.model:
-        if not os.path.isdir(args.model):
-            raise ValueError(f"--model must be a local directory in save_pretrained layout, got {args.model!r}")
-        print(f"loading {args.model}")
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return AutoModelForCausalLM.from_pretrained(args.model).to(device), tokenizer, args.model
     path = os.path.join(runs_dir, f"warmup-{warmup_key(args)}")
     if os.path.exists(os.path.join(path, "config.json")):
         print(f"warm-up: reusing {path}")
-        return AutoModelForCausalLM.from_pretrained(path).to(device), AutoTokenizer.from_pretrained(path), path
+        return AutoModelForCausalLM.from_pretrained(path).to(device).eval(), AutoTokenizer.from_pretrained(path), path
     tokenizer = build_tokenizer()
     seed_everything(args.warmup_seed)
     model = build_tiny_model(args, tokenizer).to(device)
@@ -436,14 +406,14 @@ def load_or_warm_up(args: Args, device, runs_dir: str):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     print(f"warm-up: saved to {path}")
-    return model, tokenizer, path
+    return model.eval(), tokenizer, path
 
 
 # -----------------------------------------------------------------------------
 # rollouts: sampling with a KV cache, and scoring the sampled tokens
 
 def prompt_texts(args: Args, problems: List[List[int]], cond: str = "") -> List[str]:
-    return [cond + args.prompt_template.format(problem=render_problem(t)) for t in problems]
+    return [cond + render_problem(t) for t in problems]
 
 
 def tokenize_prompts(tokenizer, texts: List[str], device):
@@ -461,13 +431,10 @@ def response_mask(responses: torch.Tensor, eos_id: int):
 
 @torch.no_grad()
 def sample_tokens(model, ids, attention, max_new_tokens: int, greedy: bool, temperature: float, eos_id: int):
-    """Autoregressive sampling with the model's KV cache, one token for every row per step.
-
-    A plain loop instead of model.generate(): the same distribution (softmax of logits / temperature,
-    no top-k or top-p) with less work per token; it stops when every row has written <eos>.
-    ids, attention (n, P) left-padded prompts. Returns (new tokens (n, T <= max_new_tokens), the
-    logits that produced them (n, T, V)); tokens after a row's <eos> are arbitrary.
-    """
+    """Sampling with the model's KV cache: softmax(logits / temperature), no top-k or top-p, as
+    model.generate() samples, with less work per token; it stops once every row has written <eos>.
+    ids, attention (n, P): left-padded prompts. Returns (tokens (n, T <= max_new_tokens), the logits that
+    produced them (n, T, V)); tokens after a row's <eos> are arbitrary."""
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # (n, P): left padding does not shift positions
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
     next_position = positions[:, -1:] + 1  # (n, 1)
@@ -506,11 +473,9 @@ def generate(model, tokenizer, args: Args, problems: List[List[int]], repeats: i
 
 
 def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_logits=False):
-    """log pi(o_t | cond, q, o_<t) of the given responses under each condition, in one batched forward.
-
-    problems: one per response row; responses, mask (n, T). Positions are numbered from the attention
-    mask, as sample_tokens numbers them. Returns one (logp (n, T), logits (n, T, V) or None) per cond.
-    """
+    """log pi(o_t | cond, q, o_<t) of the responses (n, T) under each condition, in one batched forward,
+    positions numbered from the attention mask as in sample_tokens. Returns one (logp (n, T), logits
+    (n, T, V) or None) per condition."""
     n, T = responses.shape
     texts = [text for cond in conds for text in prompt_texts(args, problems, cond)]
     prompt_ids, prompt_attention = tokenize_prompts(tokenizer, texts, responses.device)  # (k n, P)
@@ -525,11 +490,9 @@ def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_l
 
 
 def score_by_length(model, tokenizer, args, problems, responses, mask, micro_batches: int):
-    """score() with logits, on micro-batches of rows of similar length, each cut to its longest response.
-
-    The same log-probs as one score() call (up to float rounding) with less work on padding: a 48-token
-    loop no longer makes every 8-token answer pay for 48 positions. Returns (logp (n, T), logits (n, T, V)).
-    """
+    """score() with logits, on micro-batches of rows of similar length, each cut to its longest response:
+    the same log-probs with less work on padding (a 48-token loop no longer makes every 8-token answer pay
+    for 48 positions). Returns (logp (n, T), logits (n, T, V))."""
     n, T = responses.shape
     lengths = mask.sum(dim=1)  # (n,)
     order = lengths.argsort()  # rows from the shortest response to the longest
@@ -546,9 +509,7 @@ def score_by_length(model, tokenizer, args, problems, responses, mask, micro_bat
 
 def sample_groups_fn(model, tokenizer, args: Args, stream: ProblemStream, device):
     """One round of rollouts for fill_batch: B prompts x G responses, verified, with their rewards.
-
-    Responses are padded to the budget max_new_tokens here, so that dynamic sampling's rounds stack.
-    """
+    Responses are padded to the budget max_new_tokens, so that dynamic sampling's rounds stack."""
     def sample_groups() -> Dict[str, torch.Tensor]:
         problems = stream.next(args.prompts_per_step)
         responses, mask, texts, complete = generate(model, tokenizer, args, problems, args.group_size, False, device)
@@ -572,10 +533,8 @@ def sample_groups_fn(model, tokenizer, args: Args, stream: ProblemStream, device
 
 def train_step(step: int, args: Args, strength: float, model, ref_model, optimizer, tokenizer, sample_groups,
                device) -> dict:
-    """Rollout (with dynamic sampling if asked), advantages, CSCR weights, update_epochs updates.
-
-    Returns the step's log record; the caller adds the held-out evaluation.
-    """
+    """Rollout (with dynamic sampling if asked), advantages, per-token credit, update_epochs updates.
+    Returns the step's log record."""
     t0 = time.time()
     if args.dynamic_sampling:  # DAPO keeps groups with 0 < #correct < G: it filters on the verifier, not the reward
         batch, fill = tc.fill_batch(sample_groups, args.prompts_per_step, args.max_sampling_rounds,
@@ -584,10 +543,9 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
         batch = sample_groups()
         fill = dict(rounds=1, groups_seen=args.prompts_per_step,
                     groups_informative=int(tc.informative_groups(batch["correct"]).sum()))
-    t_generate = time.time() - t0
     B, G = batch["rewards"].shape[0], args.group_size
     record = dict(step=step, kept_frac=fill["groups_informative"] / fill["groups_seen"], groups=B,
-                  rounds=fill["rounds"], t_generate=t_generate)
+                  rounds=fill["rounds"], t_generate=time.time() - t0)
     if B == 0:  # dynamic sampling found nothing to learn from: skip the update, keep the log honest
         return dict(record, t_score=0.0, t_update=0.0, skipped=1)
     problems = [[int(x) for x in row if x >= 0] for row in batch["terms"].tolist() for _ in range(G)]
@@ -595,7 +553,7 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
     T = max(1, int(mask.sum(dim=1).max()))  # columns that are padding in every row do no work
     responses = batch["responses"].view(B * G, -1)[:, :T].to(device)  # (N, T)
     mask = mask[:, :T].to(device)  # (N, T)
-    advantages = tc.group_advantages(batch["rewards"], scale=args.adv_scale).flatten().to(device)  # (N,)
+    advantages = tc.group_advantages(batch["rewards"], args.adv_scale, baseline=args.baseline).flatten().to(device)
 
     t1 = time.time()
     with torch.no_grad():  # the privileged conditions (CSCR, OPSD) and the reference model, never trained
@@ -611,19 +569,23 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
         logp, logits = score_by_length(model, tokenizer, args, problems, responses, mask, args.micro_batches)
         if epoch == 0:  # nothing has changed since the rollout: this forward's log-probs are pi_old's
             old_logp = logp.detach()
-            entropy = float(tc.aggregate(tc.token_entropy(logits.detach()), mask, "token"))
-            token_adv = advantages
-            if strength > 0:  # CSCR: per-token advantages, from how the conditions shift each token
+            token_entropy = tc.token_entropy(logits.detach())  # (N, T)
+            entropy = float(tc.aggregate(token_entropy, mask, "token"))
+            weights = None  # which tokens carry the credit: all alike, unless CSCR or the entropy mask says
+            if strength > 0:  # CSCR: less credit where the privileged conditions shift a token most
                 d_pos, d_neg = tc.counterfactual_shifts(old_logp, logp_pos, logp_neg, mask)
                 weights = tc.cscr_weights(tc.counterfactual_sensitivity(d_pos, d_neg), mask, strength,
                                           args.cscr_threshold)
-                token_adv = tc.token_advantages(advantages, weights)  # (N, T)
+            if args.entropy_top < 1:  # the 80/20 rule: credit only on the batch's highest-entropy tokens
+                keep = tc.high_entropy_mask(token_entropy, mask, args.entropy_top)
+                weights = keep if weights is None else weights * keep
+            token_adv = advantages if weights is None else tc.token_advantages(advantages, weights)  # (N,) or (N, T)
         loss, stats = torch.zeros((), device=device), {}
         if args.pg_coef > 0:
             pg_loss, stats = tc.policy_loss(logp, old_logp, token_adv, mask, mode=args.loss_mode,
                                             eps_low=args.eps_low, eps_high=args.eps_high, group_size=G,
                                             max_len=args.max_new_tokens, ref_logp=ref_logp, beta=args.beta,
-                                            surrogate=args.surrogate)
+                                            surrogate=args.surrogate, ratio_level=args.ratio_level)
             loss = loss + args.pg_coef * pg_loss
         if args.distill_coef > 0:
             distill = tc.self_distillation_loss(logits, teacher_logits, mask, mode=args.loss_mode, group_size=G,
@@ -636,45 +598,21 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
         optimizer.step()
     t_update = time.time() - t2
 
-    lengths = mask.sum(dim=1).float().cpu()
-    correct, complete = batch["correct"].flatten(), batch["complete"].flatten()
-    mean_or_nan = lambda x: float(x.mean()) if x.numel() else float("nan")  # noqa: E731
-    return dict(record, reward=float(batch["rewards"].mean()), accuracy=float(correct.float().mean()),
-                length=float(lengths.mean()), length_correct=mean_or_nan(lengths[correct]),
-                length_wrong=mean_or_nan(lengths[~correct]), truncated_frac=float((~complete).float().mean()),
-                recheck_frac=float((batch["detour"].flatten() & complete).float().mean()),
-                entropy=entropy, loss=float(loss.detach()), t_score=t_score, t_update=t_update, **stats)
+    import lab
+    return dict(record, reward=float(batch["rewards"].mean()), accuracy=float(batch["correct"].float().mean()),
+                entropy=entropy, loss=float(loss.detach()), t_score=t_score, t_update=t_update, **stats,
+                **lab.rollout_stats(batch, mask))  # lengths of right and wrong answers, loops, re-checks
 
 
 # -----------------------------------------------------------------------------
-# held-out evaluation, one method's run, and main
-
-def evaluate(model, tokenizer, args: Args, problems, device) -> Dict[str, float]:
-    """Held-out accuracy, greedy and as the mean over eval_samples samples at the rollout temperature
-    (what RL maximises); greedy also split by whether the problem meets the misconception. Sampling
-    draws from its own stream, so evaluating does not change the training run's."""
-    greedy, sampled, lengths = [], 0, []
-    with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
-        torch.manual_seed(args.warmup_seed + EVAL_SAMPLING_STREAM)
-        for start in range(0, len(problems), 256):
-            chunk = problems[start:start + 256]
-            _, mask, texts, complete = generate(model, tokenizer, args, chunk, 1, True, device)
-            greedy += verify_all(chunk, texts, complete).tolist()
-            lengths += mask.sum(dim=1).tolist()
-            _, _, texts, complete = generate(model, tokenizer, args, chunk, args.eval_samples, False, device)
-            sampled += int(verify_all([t for t in chunk for _ in range(args.eval_samples)], texts, complete).sum())
-    meets = [meets_misconception(t, args) for t in problems]
-    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    return dict(accuracy=mean(greedy), sampled_accuracy=sampled / (len(problems) * args.eval_samples),
-                length=mean(lengths), accuracy_misconception=mean([g for g, m in zip(greedy, meets) if m]),
-                accuracy_other=mean([g for g, m in zip(greedy, meets) if not m]))
-
+# one method's run, and main
 
 def train_method(label: str, args: Args, strength: float, seed: int, start_path: str, tokenizer, eval_problems,
                  device, log_file):
-    """Policy updates from the warm-up weights. Returns (per-step records, interrupted); the last record
-    holds a held-out evaluation. The model stays in eval mode: no dropout, so old and new log-probs agree."""
+    """Policy updates from the warm-up weights. Returns (per-step records, interrupted). The model stays
+    in eval mode: no dropout, so old and new log-probs agree on-policy."""
     from transformers import AutoModelForCausalLM
+    import lab
     seed_everything(seed)
     model = AutoModelForCausalLM.from_pretrained(start_path).to(device).eval()
     ref_model = AutoModelForCausalLM.from_pretrained(start_path).to(device).eval() if args.beta > 0 else None
@@ -685,32 +623,26 @@ def train_method(label: str, args: Args, strength: float, seed: int, start_path:
         for step in range(1, args.steps + 1):
             record = dict(method=label, seed=seed, **train_step(step, args, strength, model, ref_model, optimizer,
                                                                 tokenizer, sample_groups, device))
-            if step % args.eval_every == 0 or step == args.steps:
-                record.update({f"eval_{k}": v for k, v in evaluate(model, tokenizer, args, eval_problems,
-                                                                    device).items()})
+            if step % args.eval_every == 0 or step == args.steps:  # held-out accuracy: lab.evaluate
+                record.update({f"eval_{k}": v for k, v in lab.evaluate(model, tokenizer, args, eval_problems,
+                                                                        device).items()})
             history.append(record)
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
             if step % args.log_every == 0 or step == 1 or step == args.steps:
-                print_progress(record, args.steps)
-    except KeyboardInterrupt:
+                print(f"[{label:>9s} seed {seed}] step {step:3d}/{args.steps} " + progress(record), flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: stop here, and still write the summary of what ran
         print(f"\n[{label}] interrupted after {len(history)} steps; summarising what ran", flush=True)
-        if history and "eval_accuracy" not in history[-1]:
-            history[-1].update({f"eval_{k}": v for k, v in evaluate(model, tokenizer, args, eval_problems,
-                                                                    device).items()})
         return history, True
     return history, False
 
 
-def print_progress(r: dict, steps: int) -> None:
-    head = f"[{r['method']:>9s} seed {r['seed']}] step {r['step']:3d}/{steps}"
+def progress(r: dict) -> str:
     if "entropy" not in r:
-        print(f"{head} no informative group after {r['rounds']} rounds: update skipped", flush=True)
-        return
-    extra = f" eval {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else ""
-    print(f"{head} reward {r['reward']:+.2f} acc {r['accuracy']:.2f} len {r['length']:5.1f} ent {r['entropy']:.3f} "
-          f"kept {r['kept_frac']:.2f}{extra} | gen {r['t_generate']:.2f}s score {r['t_score']:.2f}s "
-          f"update {r['t_update']:.2f}s", flush=True)
+        return f"no informative group after {r['rounds']} rounds: update skipped"
+    return (f"reward {r['reward']:+.2f} acc {r['accuracy']:.2f} len {r['length']:5.1f} ent {r['entropy']:.3f} "
+            f"kept {r['kept_frac']:.2f}" + (f" eval {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else "")
+            + f" | gen {r['t_generate']:.2f}s score {r['t_score']:.2f}s update {r['t_update']:.2f}s")
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -726,9 +658,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     out_dir = os.path.join("runs", base.name)
     os.makedirs(out_dir, exist_ok=True)
     model, tokenizer, start_path = load_or_warm_up(base, device, "runs")
-    model.eval()
     eval_problems = ProblemStream(base, base.warmup_seed + HELD_OUT_STREAM).next(base.eval_size)
-    start = dict(evaluate(model, tokenizer, base, eval_problems, device))
+    start = lab.evaluate(model, tokenizer, base, eval_problems, device)
     start.update(lab.pass_at_group(model, tokenizer, base, eval_problems, device))
     print(lab.format_start(start, base))
 
@@ -738,36 +669,23 @@ def main(argv: Optional[List[str]] = None) -> dict:
     histories: Dict[str, List[dict]] = {}
     begin = time.time()
     with open(os.path.join(out_dir, "metrics.jsonl"), "w") as log_file:
-        for seed in seeds:
-            for label, args, strength in runs:
-                run_start = time.time()
-                history, interrupted = train_method(label, args, strength, seed, start_path, tokenizer,
-                                                    eval_problems, device, log_file)
-                histories.setdefault(label, []).extend(history)
-                results["runs"].append(lab.summarise_run(label, seed, history, start, time.time() - run_start,
-                                                         interrupted))
-                results["interrupted"] = interrupted
-                if interrupted:
-                    break
-            if results["interrupted"]:
+        for seed, (label, args, strength) in itertools.product(seeds, runs):
+            run_start = time.time()
+            history, interrupted = train_method(label, args, strength, seed, start_path, tokenizer, eval_problems,
+                                                device, log_file)
+            histories.setdefault(label, []).extend(history)
+            results["runs"].append(lab.summarise_run(label, seed, history, start, time.time() - run_start,
+                                                     interrupted))
+            if interrupted:
+                results["interrupted"] = True
                 break
     results["wall_s"] = time.time() - begin
-    results["table"] = lab.summarise(results["runs"])
-    lab.plot_curves(histories, start, os.path.join(out_dir, "curves.png"))
-    print(f"\nheld-out accuracy after {base.steps} policy updates ({base.eval_size} problems; greedy, and the mean "
-          f"of {base.eval_samples} samples at temperature {base.temperature:g}), mean +- std over seeds {base.seeds}:")
-    print(lab.format_table(results["table"]))
+    results["table"] = lab.report_training(results["runs"], histories, start, base, out_dir)  # curves.png
 
-    # what does one step do under each weighting? and where does CSCR move credit? (on the starting policy)
+    # what does one step do under each weighting? where does CSCR move credit? Asked of the starting policy
     strength = next((s for _, _, s in runs if s > 0), 1.0)  # the first CSCR strength asked for, else 1
-    step = lab.one_step(model, tokenizer, base, eval_problems[:base.prompts_per_step], strength, base.one_step_lr,
-                        device)
-    results["one_step"] = lab.one_step_table(step)
-    print("\n" + lab.format_one_step(results["one_step"]))
-    lab.plot_one_step(step, results["one_step"], tokenizer, os.path.join(out_dir, "onestep.png"))
-    results["diagnosis"], picture = lab.diagnose(model, tokenizer, base, eval_problems[:32], strength, device)
-    print("\n" + lab.format_diagnosis(results["diagnosis"]))
-    lab.plot_credit(picture, tokenizer, strength, os.path.join(out_dir, "credit.png"))
+    results["one_step"] = lab.report_one_step(model, tokenizer, base, eval_problems, strength, device, out_dir)
+    results["diagnosis"] = lab.report_diagnosis(model, tokenizer, base, eval_problems, strength, device, out_dir)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nwrote {out_dir}/metrics.jsonl, results.json, curves.png, onestep.png, credit.png "
