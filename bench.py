@@ -1,12 +1,20 @@
-"""bench.py: seconds per policy update, train_tiny against TRL's GRPOTrainer on the same task.
+"""bench.py: seconds per update, train_tiny against TRL's GRPOTrainer; --loss: policy_loss's overhead.
 
-Both sides do the same work, from the same warm-up checkpoint: train_tiny's task and verifier,
-16 prompts x 8 samples, temperature 1 without top-k or top-p, at most 48 new tokens, std-normalised
-group advantages, the per-response token mean (train_tiny's "sample" mode, TRL's loss_type "grpo"),
-clip 0.2, no KL, AdamW at train_tiny's learning rate, grad-norm clip 1.0, 2 optimizer steps per
-rollout batch, one CPU thread each. The two alternate in one process, one TRL rollout batch then one
-train_tiny update, so both see the same machine load. The first --skip updates of each side are left
-out, and the result is the ratio of the medians (TRL / train_tiny).
+Both sides do the same work, from the same warm-up checkpoint, on the same device: train_tiny's task
+and verifier, 16 prompts x 8 samples, temperature 1 without top-k or top-p, at most 48 new tokens,
+std-normalised group advantages, the per-response token mean (train_tiny's "sample" mode, TRL's
+loss_type "grpo"), clip 0.2, no KL, AdamW at train_tiny's learning rate, grad-norm clip 1.0, 2
+optimizer steps per rollout batch, float32. The two alternate in one process, one TRL rollout batch
+then one train_tiny update, so both see the same machine load. The first --skip updates of each side
+are left out, and the result is the ratio of the medians (TRL / train_tiny). On CUDA every timed
+part starts and ends with torch.cuda.synchronize().
+
+--loss times tokencredit.policy_loss forward+backward against the same loss written bare (no
+checks, no stats), alternating the two; it needs neither TRL nor the checkpoint.
+
+Stock TRL 1.16 scores left-padded prompts without position_ids, so GPT-2 reads them at shifted
+positions; bench.py measures that error before each run and times TRL with the fix
+(trl_tokencredit.mask_positions), unless --stock-positions.
 
 TRL is a benchmark-only dependency; set it up in a separate virtualenv:
 
@@ -16,7 +24,9 @@ TRL is a benchmark-only dependency; set it up in a separate virtualenv:
 Then, from the project directory (the warm-up checkpoint is made on first use, 2-3 minutes):
 
     OMP_NUM_THREADS=1 .venv-bench/bin/python bench.py --updates 20 --skip 3
+    .venv-bench/bin/python bench.py --device cuda --threads 4    # both sides on the GPU
     python bench.py --updates 3        # without TRL: train_tiny's side only
+    python bench.py --loss             # policy_loss forward+backward against the bare formula; no TRL
     python bench.py --help
 
 Nothing is downloaded: the model and tokenizer come from runs/warmup-*/, and the hub is set offline.
@@ -41,6 +51,7 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import tokencredit as tc  # noqa: E402
 import train_tiny as tt  # noqa: E402
 
 PARTS = ("generate", "score", "update", "total")
@@ -51,157 +62,192 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="One update = one rollout batch of 16 prompts x 8 samples and its 2 "
                                             "optimizer steps.\nSetup and examples: see the top of bench.py.")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where both sides run: auto = CUDA if available, else the CPU (default: auto)")
     parser.add_argument("--updates", type=int, default=20, help="policy updates per side (default: 20)")
     parser.add_argument("--skip", type=int, default=3,
                         help="first updates of each side left out of the medians: start-up, allocator and "
                              "Trainer warm-up (default: 3, at most --updates - 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompt stream and the sampling (default: 0)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, shared by both sides (default: 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, shared by both sides (default: 1)")
     parser.add_argument("--no-trl", action="store_true", help="time train_tiny alone, even if TRL is installed")
     parser.add_argument("--stock-positions", action="store_true",
                         help="time TRL as shipped, without the position-id fix (its log-probs are then wrong "
-                             "for left-padded prompts; see fix_positions)")
+                             "for left-padded prompts; see trl_tokencredit.mask_positions)")
+    loss = parser.add_argument_group("policy_loss speed check (instead of the comparison with TRL)")
+    loss.add_argument("--loss", action="store_true",
+                      help="time tokencredit.policy_loss forward+backward (mode token) against the bare formula")
+    loss.add_argument("--shape", type=int, nargs=2, default=(256, 4096), metavar=("N", "T"),
+                      help="responses and tokens per response of the random batch (default: 256 4096)")
+    loss.add_argument("--repeats", type=int, default=15, help="timed repeats of each, alternating (default: 15)")
     opt = parser.parse_args(argv)
-    if opt.updates < 1 or opt.skip < 0 or opt.threads < 1:
-        parser.error(f"need --updates >= 1, --skip >= 0 and --threads >= 1, got {opt.updates}, {opt.skip}, "
-                     f"{opt.threads}")
+    if opt.updates < 1 or opt.skip < 0 or opt.threads < 1 or opt.repeats < 1 or min(opt.shape) < 1:
+        parser.error(f"need --updates >= 1, --skip >= 0, --threads >= 1, --repeats >= 1 and --shape >= 1, got "
+                     f"{opt.updates}, {opt.skip}, {opt.threads}, {opt.repeats} and {opt.shape}")
+    if opt.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda was asked for, but torch.cuda.is_available() is False (torch "
+                     f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu or auto")
+    opt.device = torch.device("cuda" if opt.device == "auto" and torch.cuda.is_available() else
+                              "cpu" if opt.device == "auto" else opt.device)
     opt.skip = min(opt.skip, opt.updates - 1)  # keep at least one update to take the median of
     return opt
 
 
-def load(path):
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def describe(device, threads):
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    return f"device {device}{name}, {threads} CPU thread(s)"
+
+
+# -----------------------------------------------------------------------------
+# policy_loss against the bare formula (formerly tokencredit._benchmark)
+
+def time_policy_loss(device, N: int, T: int, repeats: int) -> float:
+    """Median seconds of policy_loss forward + backward over the bare formula's, alternating the two.
+
+    The bare formula is the same loss written without checks or stats:
+    -min(rho A, clip(rho) A), masked and averaged over real tokens ("token" mode). Returns the ratio.
+    """
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)  # (N, T)
+    logp = (-torch.rand(N, T, generator=g) * 3).to(device).requires_grad_()
+    old_logp = logp.detach() + 0.1 * torch.randn(N, T, generator=g).to(device)
+    advantages = torch.randn(N, generator=g).to(device)
+    mask_float = mask.float()  # prepared once, outside the timing: the bare formula's best case
+
+    def run_policy_loss():
+        logp.grad = None
+        loss, _ = tc.policy_loss(logp, old_logp, advantages, mask, mode="token")
+        loss.backward()
+        return loss.detach()
+
+    def run_bare_formula():
+        logp.grad = None
+        ratio = torch.exp(logp - old_logp)  # (N, T)
+        A = advantages[:, None]  # (N, 1)
+        per_token = -torch.minimum(ratio * A, torch.clamp(ratio, 0.8, 1.2) * A)  # (N, T)
+        loss = (per_token * mask_float).sum() / mask_float.sum()
+        loss.backward()
+        return loss.detach()
+
+    def seconds(fn) -> float:
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)  # CUDA runs asynchronously: wait for the work, not just its launch
+        return time.perf_counter() - start
+
+    same = (run_policy_loss() - run_bare_formula()).abs().item()  # also the warm-up
+    ours, bare = [], []
+    for _ in range(repeats):  # alternate, so that a busy moment slows both alike
+        ours.append(seconds(run_policy_loss))
+        bare.append(seconds(run_bare_formula))
+    t_ours, t_bare = statistics.median(ours), statistics.median(bare)
+    print(f"N={N} T={T}, {describe(device, torch.get_num_threads())}: policy_loss fwd+bwd {t_ours * 1e3:.1f} ms, "
+          f"bare formula fwd+bwd {t_bare * 1e3:.1f} ms, ratio {t_ours / t_bare:.2f}x (median of {repeats}, "
+          f"alternating; the two losses differ by {same:.1e})")
+    return t_ours / t_bare
+
+
+def load(path, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path).to(device), AutoTokenizer.from_pretrained(path)
 
 
 # -----------------------------------------------------------------------------
 # train_tiny: train_method's set-up, stepped one update at a time
 
 class TinySide:
-    def __init__(self, args, ckpt, seed):
+    def __init__(self, args, ckpt, seed, device):
         tt.seed_everything(seed)
-        self.model, self.tokenizer = load(ckpt)
+        self.model, self.tokenizer = load(ckpt, device)
         self.model.eval()  # as train_method: no dropout, so old and new log-probs agree on-policy
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
         self.sample_groups = tt.sample_groups_fn(self.model, self.tokenizer, args, tt.ProblemStream(args, seed),
-                                                 torch.device("cpu"))
-        self.args, self.seed, self.step = args, seed, 0
+                                                 device)
+        self.args, self.device, self.step = args, device, 0
 
     def update(self):
+        """One train_step. Its generate and score parts end in host reads (decoding, .item()); update is
+        the rest, measured to a synchronisation, since on CUDA the optimizer's work may still be queued."""
         self.step += 1
+        sync(self.device)
         start = time.perf_counter()
-        rec = tt.train_step(self.step, "grpo", self.seed, self.args, self.model, None, self.optimizer,
-                            self.tokenizer, self.sample_groups, 0.0, False, [], torch.device("cpu"))
-        return dict(total=time.perf_counter() - start, generate=rec["t_generate"], score=rec["t_score"],
-                    update=rec["t_update"], length=rec["length"])
+        rec = tt.train_step(self.step, self.args, 0.0, self.model, None, self.optimizer, self.tokenizer,
+                            self.sample_groups, self.device)
+        sync(self.device)
+        total = time.perf_counter() - start
+        return dict(total=total, generate=rec["t_generate"], score=rec["t_score"],
+                    update=total - rec["t_generate"] - rec["t_score"], length=rec["length"])
 
 
 # -----------------------------------------------------------------------------
 # TRL
 
-def fix_positions(model):
-    """Number GPT-2's positions from the attention mask when a caller passes no position_ids.
-
-    Stock TRL 1.16 scores a batch (old log-probs, and the loss) by calling the backbone with input_ids
-    and attention_mask only. GPT-2 then numbers positions 0, 1, 2, ... from the left edge, padding
-    included, so a left-padded prompt of this task (3 to 10 tokens, padded to the batch's longest) is
-    read at positions shifted by its padding, while generate() sampled it at unshifted ones. The
-    log-probs TRL trains on are then not those of the sampling distribution: position_error measures
-    the gap before each run (0.78 nats per token on average on the default checkpoint, 0 with the
-    fix). With the fix TRL computes what train_tiny computes, which numbers positions from the mask
-    in score() and sample_tokens(). `fix.enabled` switches it.
-    """
-    backbone = model.base_model  # what TRL's fused LM head calls
-    forward = backbone.forward
-
-    def forward_with_positions(*a, **kw):
-        mask = kw.get("attention_mask")
-        if (fix.enabled and kw.get("position_ids") is None and kw.get("past_key_values") is None
-                and kw.get("cache") is None and mask is not None and mask.dim() == 2):
-            kw["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        return forward(*a, **kw)
-
-    fix = forward_with_positions
-    fix.enabled = True
-    backbone.forward = forward_with_positions
-    return fix
-
-
 # TRL times its steps with profiling contexts but reports them only to wandb/mlflow/trackio: keep them here.
 PROFILE = []  # (name, seconds, grad enabled)
 
 
-def capture_profile():
-    import trl.extras.profiling as profiling
-    log = profiling.ProfilingContext._log_metrics
+def capture_profile(device):
+    """Keep TRL's profiling durations; on CUDA, synchronise at the start and end of each profiled part."""
+    from trl.extras.profiling import ProfilingContext
+    log, enter, leave = ProfilingContext._log_metrics, ProfilingContext.__enter__, ProfilingContext.__exit__
 
     def keep(self, duration):
         PROFILE.append((self.name, duration, torch.is_grad_enabled()))
         return log(self, duration)
 
-    profiling.ProfilingContext._log_metrics = keep
+    def synced_enter(self):
+        sync(device)
+        return enter(self)
+
+    def synced_exit(self, *exc):
+        sync(device)
+        return leave(self, *exc)
+
+    ProfilingContext._log_metrics = keep
+    ProfilingContext.__enter__, ProfilingContext.__exit__ = synced_enter, synced_exit
 
 
-def make_trainer(args, ckpt, seed, updates, callbacks):
-    import tempfile
-    from datasets import Dataset
+def make_trainer(args, ckpt, seed, updates, device, callbacks):
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from trl import GRPOConfig, GRPOTrainer
-    model, tokenizer = load(ckpt)
-    fix = fix_positions(model)
-    problems = tt.ProblemStream(args, seed).next(args.prompts_per_step * updates)  # train_tiny's prompts, in order
-    dataset = Dataset.from_dict({"prompt": tt.prompt_texts(args, problems), "terms": problems})
-    eos = tokenizer.eos_token_id
-    lengths = []
-
-    def exact_verifier(prompts, completions, completion_ids, terms, **kwargs):
-        # TRL cuts each completion after its first <eos> and decodes it without special tokens
-        lengths.append(statistics.mean(len(ids) for ids in completion_ids))
-        return [float(tt.verify(t, text, len(ids) > 0 and ids[-1] == eos))
-                for text, ids, t in zip(completions, completion_ids, terms)]
-
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), report_to="none", save_strategy="no", disable_tqdm=True,
-        use_cpu=True, seed=seed, shuffle_dataset=False, dataloader_num_workers=0,
-        # one rollout batch = one optimizer batch = 16 prompts x 8 completions, used for update_epochs steps
-        per_device_train_batch_size=args.prompts_per_step * args.group_size, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_generations=args.group_size, num_iterations=args.update_epochs,
-        max_steps=args.update_epochs * updates, logging_steps=args.update_epochs,
-        max_completion_length=args.max_new_tokens, temperature=args.temperature, top_k=0, top_p=1.0,
-        min_p=None, repetition_penalty=1.0,
-        loss_type="grpo", scale_rewards="group", importance_sampling_level="token", beta=0.0,
-        epsilon=args.eps_low, epsilon_high=args.eps_high, mask_truncated_completions=False,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        # GRPOConfig defaults to bf16 autocast and activation checkpointing; train_tiny runs in float32 and
-        # keeps its activations
-        bf16=False, fp16=False, activation_checkpointing=False,
-    )
-    trainer = GRPOTrainer(model=model, reward_funcs=exact_verifier, args=config, train_dataset=dataset,
+    from trl import GRPOTrainer
+    from trl_tokencredit import mask_positions, tiny_setup
+    model, tokenizer = load(ckpt, device)
+    config, dataset, verifier = tiny_setup(args, seed, updates, device, tokenizer.eos_token_id, loss_type="grpo",
+                                           scale_rewards="group", importance_sampling_level="token")
+    trainer = GRPOTrainer(model=model, reward_funcs=verifier, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=callbacks)
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
-    return trainer, fix, lengths
+    return trainer, lambda: mask_positions(model), verifier.lengths
 
 
 @torch.no_grad()
-def position_error(trainer, fix, args, ckpt, seed):
+def position_error(trainer, fix, args, ckpt, seed, device):
     """Mean |log-prob difference| per response token between TRL's scoring forward and train_tiny.score,
-    on 16 x 8 responses sampled by train_tiny.generate: (stock TRL, TRL with fix_positions)."""
-    model, tokenizer = load(ckpt)
+    on 16 x 8 responses sampled by train_tiny.generate: (stock TRL, TRL with mask_positions)."""
+    model, tokenizer = load(ckpt, device)
     model.eval()
     tt.seed_everything(seed + 1)
     problems = tt.ProblemStream(args, seed + 1).next(args.prompts_per_step)
-    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, args.group_size, False, "cpu")
+    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, args.group_size, False, device)
     flat = [t for t in problems for _ in range(args.group_size)]
     reference = tt.score(model, tokenizer, args, flat, responses, mask)[0][0]
-    prompt_ids, prompt_mask = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, flat), "cpu")
+    prompt_ids, prompt_mask = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, flat), device)
     ids, attention = torch.cat([prompt_ids, responses], 1), torch.cat([prompt_mask, mask.long()], 1)
     errors = []
-    for enabled in (False, True):
-        fix.enabled = enabled
+    for with_fix in (False, True):
+        hook = fix() if with_fix else None
         logp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, responses.shape[1])[0]
         errors.append(float((logp - reference).abs()[mask].mean()))
-    fix.enabled = True
+        if hook:
+            hook.remove()
     return errors
 
 
@@ -216,26 +262,29 @@ def trl_batch(profile, wall):
 def run_alternating(args, ckpt, opt, tiny):
     """Train TRL for opt.updates rollout batches; after each, outside TRL's clock, one train_tiny update."""
     from transformers import TrainerCallback
-    capture_profile()
+    capture_profile(opt.device)
     trl_rows, tiny_rows = [], []
 
     class Alternate(TrainerCallback):
         def on_train_begin(self, *a, **kw):
+            sync(opt.device)
             self.start, self.mark = time.perf_counter(), len(PROFILE)
 
         def on_step_end(self, train_args, state, control, **kw):
             if state.global_step % args.update_epochs:
                 return  # the rollout batch has more optimizer steps to run
+            sync(opt.device)
             trl_rows.append(trl_batch(PROFILE[self.mark:], time.perf_counter() - self.start))
             tiny_rows.append(tiny.update())
             progress(len(trl_rows), opt, trl=trl_rows[-1], tiny=tiny_rows[-1])
             self.start, self.mark = time.perf_counter(), len(PROFILE)
 
-    trainer, fix, lengths = make_trainer(args, ckpt, opt.seed, opt.updates, [Alternate()])
-    stock, fixed = position_error(trainer, fix, args, ckpt, opt.seed)
+    trainer, fix, lengths = make_trainer(args, ckpt, opt.seed, opt.updates, opt.device, [Alternate()])
+    stock, fixed = position_error(trainer, fix, args, ckpt, opt.seed, opt.device)
     print(f"positions: TRL's log-probs differ from train_tiny.score's by {stock:.3f} nats per token as shipped, "
-          f"by {fixed:.1e} with bench.py's fix ({'not ' if opt.stock_positions else ''}used below)")
-    fix.enabled = not opt.stock_positions
+          f"by {fixed:.1e} with trl_tokencredit.mask_positions ({'not ' if opt.stock_positions else ''}used below)")
+    if not opt.stock_positions:
+        fix()
     trainer.train()
     for row, length in zip(trl_rows, lengths):
         row["length"] = length
@@ -257,14 +306,14 @@ def medians(rows, skip):
 def main(argv=None):
     opt = parse_args(argv)
     torch.set_num_threads(opt.threads)
+    if opt.loss:
+        return dict(ratio=time_policy_loss(opt.device, *opt.shape, opt.repeats))
     import transformers
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    base = tt.Args()
     # train_tiny's grpo run, without its held-out evaluations inside the timed loop
-    args = tt.method_args(base, "grpo", {})
-    args = dataclasses.replace(args, steps=10 ** 9, eval_every=10 ** 9)
-    _, _, ckpt = tt.load_or_warm_up(base, torch.device("cpu"), os.path.join(HERE, "runs"))  # makes it once
+    args = dataclasses.replace(tt.Args(), **tt.PRESETS["grpo"], steps=10 ** 9, eval_every=10 ** 9)
+    _, _, ckpt = tt.load_or_warm_up(args, opt.device, os.path.join(HERE, "runs"))  # makes it once
     try:
         import trl
         have_trl = not opt.no_trl
@@ -272,10 +321,10 @@ def main(argv=None):
         trl, have_trl = None, False
     print(f"bench: {opt.updates} updates per side, medians over the last {opt.updates - opt.skip}; "
           f"{args.prompts_per_step} prompts x {args.group_size} samples, {args.max_new_tokens} new tokens, "
-          f"{args.update_epochs} optimizer steps per batch, lr {args.lr:g}; {opt.threads} thread(s); "
+          f"{args.update_epochs} optimizer steps per batch, lr {args.lr:g}; {describe(opt.device, opt.threads)}; "
           f"torch {torch.__version__}, transformers {transformers.__version__}"
           + (f", trl {trl.__version__}" if have_trl else ""), flush=True)
-    tiny = TinySide(args, ckpt, opt.seed)
+    tiny = TinySide(args, ckpt, opt.seed, opt.device)
     if have_trl:
         tiny_rows, trl_rows = run_alternating(args, ckpt, opt, tiny)
     else:
@@ -284,7 +333,8 @@ def main(argv=None):
             tiny_rows.append(tiny.update())
             progress(k, opt, train_tiny=tiny_rows[-1])
 
-    print(f"\nseconds per update, median of updates {opt.skip + 1}-{opt.updates} (each column its own median)")
+    print(f"\nseconds per update on {opt.device}, median of updates {opt.skip + 1}-{opt.updates} (each column its "
+          f"own median)")
     print(f"{'':16s}" + "".join(f"{p:>10s}" for p in PARTS) + f"{'mean len':>10s}")
     results = dict(train_tiny=medians(tiny_rows, opt.skip))
     if trl_rows:
@@ -298,7 +348,9 @@ def main(argv=None):
               "the first epoch's forward, inside update.\n TRL: score is its no-grad old log-prob forward; "
               "generate is the rest of its rollout preparation, rewards included, as in train_tiny.)")
         results["ratio"] = ratio
-    elif not opt.no_trl:
+    elif opt.no_trl:
+        print("\n--no-trl: only train_tiny was timed.")
+    else:
         print("\nTRL is not installed here, so only train_tiny was timed. For the comparison with TRL's "
               "GRPOTrainer:\n    python -m venv .venv-bench && .venv-bench/bin/pip install -r requirements-bench.txt"
               "\n    OMP_NUM_THREADS=1 .venv-bench/bin/python bench.py")

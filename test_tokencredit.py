@@ -8,6 +8,7 @@ equations, one token at a time), and its invariants. Run: python -m pytest -q
 import itertools
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -132,6 +133,11 @@ def test_group_advantages_hand_worked():
     assert torch.allclose(rloo, none * 4 / 3)  # = G/(G-1) (r_i - mean)
     # "batch": the std of all 12 rewards (Bessel: 0.5149) instead of each group's
     batch_std = rewards.flatten().std().item()
+    # the std's effect for G = 8 (README section 1): the lone right answer gets 2.47, yet its group's total
+    # |A| (4.95) is smaller than that of a group with four right answers (7.48)
+    lone, half = tc.group_advantages(torch.tensor([[1.0] + [0.0] * 7, [1.0] * 4 + [0.0] * 4]))
+    assert lone[0].item() == pytest.approx(2.4749, abs=1e-4) and lone.abs().sum().item() == pytest.approx(4.9497, abs=1e-4)
+    assert half.abs().sum().item() == pytest.approx(7.4833, abs=1e-4)
     assert batch_std == pytest.approx(0.514929, abs=1e-6)
     assert torch.allclose(tc.group_advantages(rewards, scale="batch", eps=1e-4), none / (batch_std + 1e-4))
 
@@ -842,3 +848,14 @@ def test_readme_worked_examples_match_the_code():
     unindent = lambda text: "\n".join(line.strip() for line in text.splitlines())  # noqa: E731
     for block in readme_examples():
         assert unindent(block) in unindent(readme), "README.md is missing this block, as the code computes it now:\n" + block
+
+
+def test_readme_code_links_point_at_their_functions():
+    """Every [name](file.py#LN) link in README.md lands on `def name` in that file."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "README.md")) as f:
+        links = re.findall(r"\[(\w+)\]\((\w+\.py)#L(\d+)\)", f.read())
+    assert len(links) >= 12
+    for name, path, line in links:
+        with open(os.path.join(here, path)) as f:
+            assert f.read().splitlines()[int(line) - 1].startswith(f"def {name}("), f"{name} is not at {path}:{line}"
