@@ -90,6 +90,15 @@ def meets_misconception(terms: List[int], args) -> bool:
     return any(tt.forgets_carry(total, x, tt.forgotten_addends(args)) for total, x in zip(totals, terms[1:]))
 
 
+def progress(r: dict) -> str:
+    """One update's log line: the rollouts, the policy's entropy, and where the seconds went."""
+    if "entropy" not in r:
+        return f"no informative group after {r['rounds']} rounds: update skipped"
+    return (f"reward {r['reward']:+.2f} acc {r['accuracy']:.2f} len {r['length']:5.1f} ent {r['entropy']:.3f} "
+            f"kept {r['kept_frac']:.2f}" + (f" eval {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else "")
+            + f" | gen {r['t_generate']:.2f}s score {r['t_score']:.2f}s update {r['t_update']:.2f}s")
+
+
 def rollout_stats(batch: Dict[str, torch.Tensor], mask: torch.Tensor) -> Dict[str, float]:
     """What one update's rollouts look like: mean length, of right and of wrong answers; the fraction
     truncated (loops that hit the budget) and the fraction that finished after re-checking a step."""

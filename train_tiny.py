@@ -97,7 +97,7 @@ class Args:
     temperature: float = 1.0  # sampling temperature of the rollouts
     lr: float = 1e-4  # learning rate of the policy updates (AdamW)
     update_epochs: int = 2  # passes over each rollout batch; the second one sees ratios away from 1, so the clip acts
-    micro_batches: int = 4  # the update's forward runs on this many groups of rows of similar length (less padding)
+    micro_batches: int = 0  # the update's forward on groups of rows of similar length; 0: 4 on a CPU, 1 on a GPU
     log_every: int = 5  # policy updates between progress lines
     one_step_lr: float = 0.01  # learning rate of lab.py's single plain-SGD step that shows what each weighting does
     # --- the method (set by the presets; any of them can be given to override)
@@ -169,10 +169,10 @@ def validate_args(a: Args) -> None:
             raise ValueError(message)
 
     require(a.group_size >= 2, f"--group-size must be >= 2 (a group compares two or more), got {a.group_size}")
-    for name in ("steps", "warmup_steps"):
+    for name in ("steps", "warmup_steps", "micro_batches"):
         require(getattr(a, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
     for name in ("prompts_per_step", "max_new_tokens", "eval_size", "eval_every", "log_every", "update_epochs",
-                 "warmup_batch", "max_sampling_rounds", "eval_samples", "micro_batches"):
+                 "warmup_batch", "max_sampling_rounds", "eval_samples"):
         require(getattr(a, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     for name in ("warmup_lr", "one_step_lr", "lr", "temperature"):
         require(getattr(a, name) > 0, f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name)}")
@@ -242,16 +242,6 @@ def render_problem(terms: List[int]) -> str:
     return "+".join(str(x) for x in terms) + "="
 
 
-def render_steps(terms: List[int], slips: Optional[Dict[int, int]] = None) -> List[str]:
-    """The running partial sums "a+b=c", one string a step; slips {step: delta} add errors, carried forward."""
-    steps, total = [], terms[0]
-    for k, x in enumerate(terms[1:]):
-        new_total = max(0, total + x + (slips or {}).get(k, 0))
-        steps.append(f"{total}+{x}={new_total}")
-        total = new_total
-    return steps
-
-
 def forgotten_addends(args: Args) -> set:
     """The addends whose carry the demonstrator forgets, from --misconception ("9" -> {9})."""
     return set(parse_list(args.misconception, int, "--misconception")) if args.misconception else set()
@@ -264,15 +254,15 @@ def forgets_carry(total: int, x: int, forgotten: set) -> bool:
 
 def demonstrate(terms: List[int], args: Args, rng: random.Random) -> tuple:
     """One solution with the demonstrator's habits (see the top). Returns (text, finished): a loop never finishes."""
-    forgotten = forgotten_addends(args)
-    slips, total = {}, terms[0]
-    for k, x in enumerate(terms[1:]):
+    forgotten, steps, total = forgotten_addends(args), [], terms[0]
+    for x in terms[1:]:  # the running partial sums "a+b=c", a slip carried forward
+        slip = 0
         if forgets_carry(total, x, forgotten) and rng.random() < args.misconception_rate:
-            slips[k] = -10
+            slip = -10
         elif rng.random() < args.slip_rate:
-            slips[k] = rng.choice([-2, -1, 1, 2])
-        total = max(0, total + x + slips.get(k, 0))
-    steps = render_steps(terms, slips)
+            slip = rng.choice([-2, -1, 1, 2])
+        steps.append(f"{total}+{x}={max(0, total + x + slip)}")
+        total = max(0, total + x + slip)
     if not steps:
         return f">{terms[0]}", True
     detour, k = rng.random(), rng.randrange(len(steps))
@@ -535,7 +525,9 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
                device) -> dict:
     """Rollout (with dynamic sampling if asked), advantages, per-token credit, update_epochs updates.
     Returns the step's log record."""
-    t0 = time.time()
+    cuda = torch.device(device).type == "cuda"
+    clock = lambda: (torch.cuda.synchronize() if cuda else None, time.time())[1]  # noqa: E731 (a GPU runs async)
+    t0 = clock()
     if args.dynamic_sampling:  # DAPO keeps groups with 0 < #correct < G: it filters on the verifier, not the reward
         batch, fill = tc.fill_batch(sample_groups, args.prompts_per_step, args.max_sampling_rounds,
                                     filter_key="correct")
@@ -545,7 +537,7 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
                     groups_informative=int(tc.informative_groups(batch["correct"]).sum()))
     B, G = batch["rewards"].shape[0], args.group_size
     record = dict(step=step, kept_frac=fill["groups_informative"] / fill["groups_seen"], groups=B,
-                  rounds=fill["rounds"], t_generate=time.time() - t0)
+                  rounds=fill["rounds"], t_generate=clock() - t0)
     if B == 0:  # dynamic sampling found nothing to learn from: skip the update, keep the log honest
         return dict(record, t_score=0.0, t_update=0.0, skipped=1)
     problems = [[int(x) for x in row if x >= 0] for row in batch["terms"].tolist() for _ in range(G)]
@@ -555,18 +547,19 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
     mask = mask[:, :T].to(device)  # (N, T)
     advantages = tc.group_advantages(batch["rewards"], args.adv_scale, baseline=args.baseline).flatten().to(device)
 
-    t1 = time.time()
+    t1 = clock()
     with torch.no_grad():  # the privileged conditions (CSCR, OPSD) and the reference model, never trained
         if strength > 0 or args.distill_coef > 0:
             (logp_pos, teacher_logits), (logp_neg, _) = score(model, tokenizer, args, problems, responses, mask,
                                                               (args.cond_pos, args.cond_neg),
                                                               need_logits=args.distill_coef > 0)
         ref_logp = score(ref_model, tokenizer, args, problems, responses, mask)[0][0] if ref_model else None
-    t_score = time.time() - t1
+    t_score = clock() - t1
 
-    t2 = time.time()
+    t2 = clock()
+    micro_batches = args.micro_batches or (1 if cuda else 4)  # on a GPU, fewer launches beat less padding
     for epoch in range(args.update_epochs):
-        logp, logits = score_by_length(model, tokenizer, args, problems, responses, mask, args.micro_batches)
+        logp, logits = score_by_length(model, tokenizer, args, problems, responses, mask, micro_batches)
         if epoch == 0:  # nothing has changed since the rollout: this forward's log-probs are pi_old's
             old_logp = logp.detach()
             token_entropy = tc.token_entropy(logits.detach())  # (N, T)
@@ -596,7 +589,7 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-    t_update = time.time() - t2
+    t_update = clock() - t2
 
     import lab
     return dict(record, reward=float(batch["rewards"].mean()), accuracy=float(batch["correct"].float().mean()),
@@ -630,19 +623,11 @@ def train_method(label: str, args: Args, strength: float, seed: int, start_path:
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
             if step % args.log_every == 0 or step == 1 or step == args.steps:
-                print(f"[{label:>9s} seed {seed}] step {step:3d}/{args.steps} " + progress(record), flush=True)
+                print(f"[{label:>9s} seed {seed}] step {step:3d}/{args.steps} " + lab.progress(record), flush=True)
     except KeyboardInterrupt:  # Ctrl-C: stop here, and still write the summary of what ran
         print(f"\n[{label}] interrupted after {len(history)} steps; summarising what ran", flush=True)
         return history, True
     return history, False
-
-
-def progress(r: dict) -> str:
-    if "entropy" not in r:
-        return f"no informative group after {r['rounds']} rounds: update skipped"
-    return (f"reward {r['reward']:+.2f} acc {r['accuracy']:.2f} len {r['length']:5.1f} ent {r['entropy']:.3f} "
-            f"kept {r['kept_frac']:.2f}" + (f" eval {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else "")
-            + f" | gen {r['t_generate']:.2f}s score {r['t_score']:.2f}s update {r['t_update']:.2f}s")
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
