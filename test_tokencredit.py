@@ -534,6 +534,23 @@ def test_policy_loss_finite_check_raises_only_for_a_bad_input():
         tc.policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1), torch.tensor([[1.0, 0.5]]))
 
 
+@pytest.mark.parametrize("surrogate, ratio_level, beta", [("clip", "token", 0.0), ("clip", "sequence", 0.1),
+                                                           ("reinforce", "token", 0.1)])
+def test_policy_loss_reads_the_device_once(monkeypatch, surrogate, ratio_level, beta):
+    """Every check and statistic comes back in one .tolist(): one host-device synchronisation per call on a GPU."""
+    reads = []
+    for method in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        real = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _m=method, _real=real: reads.append(_m) or _real(self, *a))
+    g = torch.Generator().manual_seed(26)
+    mask = random_mask(8, 6, g)
+    logp = -torch.rand(8, 6, generator=g)
+    loss, stats = tc.policy_loss(logp, logp + 0.1, torch.randn(8, generator=g), mask, mode="group_token",
+                                 group_size=4, ref_logp=logp - 0.1, beta=beta, surrogate=surrogate, ratio_level=ratio_level)
+    assert reads == ["tolist"], reads
+    assert stats["num_tokens"] == int(mask.sum())
+
+
 def test_self_distillation_loss():
     # one token: teacher p = (3/4, 1/4), student p = (1/2, 1/2)
     teacher = torch.log(torch.tensor([[[0.75, 0.25]]]))

@@ -13,8 +13,8 @@ slip by 1 or 2; 25% of its answers re-check a step (right, ~8 tokens longer); 12
 until the 48-token budget (truncated, wrong). A quarter of the warm-up's demonstrations carry the
 verdict before the prompt, "Y" (correct) or "N" (wrong): the conditions CSCR and OPSD score under.
 
-    python train_tiny.py              # warm-up, then every method: about 6 min on 2 CPU cores
-    python train_tiny.py --quick      # a smaller task, about 40 s, for a first look
+    python train_tiny.py              # warm-up, then five methods: about 5 min on 2 CPU cores
+    python train_tiny.py --quick      # a smaller task, about 35 s, for a first look
 """
 
 import argparse
