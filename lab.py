@@ -269,8 +269,8 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     delta = {}
     for name, mode, token_adv, step_lr, ratio_level in settings:
         model.load_state_dict(start)
-        (new_logp, _), = tt.score(model, tokenizer, args, flat, responses, mask)
-        loss, _ = tc.policy_loss(new_logp, new_logp.detach(), token_adv, mask, mode=mode, group_size=G,
+        (before, _), = tt.score(model, tokenizer, args, flat, responses, mask)
+        loss, _ = tc.policy_loss(before, before.detach(), token_adv, mask, mode=mode, group_size=G,
                                  max_len=args.max_new_tokens, ratio_level=ratio_level)
         model.zero_grad(set_to_none=True)
         loss.backward()
@@ -278,8 +278,8 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
             for p in model.parameters():
                 if p.grad is not None:
                     p -= step_lr * p.grad  # plain SGD
-            (new_logp, _), = tt.score(model, tokenizer, args, flat, responses, mask)
-        delta[name] = torch.where(mask, new_logp - logp, torch.zeros_like(logp)).cpu()  # (N, T)
+            (after, _), = tt.score(model, tokenizer, args, flat, responses, mask)
+        delta[name] = torch.where(mask, after - before.detach(), torch.zeros_like(after)).cpu()  # (N, T)
     model.load_state_dict(start)
     model.zero_grad(set_to_none=True)
     return dict(delta=delta, mask=mask.cpu(), correct=correct.cpu(), advantages=advantages.cpu(),
@@ -410,7 +410,7 @@ def plot_one_step(step: dict, table: dict, tokenizer, path: str) -> None:
     ax_tokens.axhline(0, color="black", linewidth=0.6)
     outcome = "correct" if bool(step["correct"][row]) else "wrong"
     ax_tokens.set_title(f"change of log pi along one {outcome} response (A = {float(adv[row]):+.2f}); red tokens: "
-                        f"CSCR weight < 1 (more sensitive than the response's average)", fontsize=10)
+                        f"CSCR weight < 1 (downweighted: among the response's most sensitive)", fontsize=10)
     ax_tokens.set_ylabel("change of log pi (x 1e-3)")
     ax_tokens.legend(fontsize=8)
     fig.tight_layout()

@@ -545,10 +545,46 @@ def test_policy_loss_reads_the_device_once(monkeypatch, surrogate, ratio_level, 
     g = torch.Generator().manual_seed(26)
     mask = random_mask(8, 6, g)
     logp = -torch.rand(8, 6, generator=g)
-    loss, stats = tc.policy_loss(logp, logp + 0.1, torch.randn(8, generator=g), mask, mode="group_token",
-                                 group_size=4, ref_logp=logp - 0.1, beta=beta, surrogate=surrogate, ratio_level=ratio_level)
-    assert reads == ["tolist"], reads
+    adv = torch.randn(8, generator=g) if ratio_level == "sequence" else torch.randn(8, 6, generator=g).masked_fill(~mask, float("nan"))
+    loss, stats = tc.policy_loss(logp, logp + 0.1, adv, mask, mode="group_token", group_size=4, ref_logp=logp - 0.1,
+                                 beta=beta, surrogate=surrogate, ratio_level=ratio_level)
+    assert reads == ["tolist"], reads  # NaN in the advantages' padding is not an error, and costs no extra read
     assert stats["num_tokens"] == int(mask.sum())
+
+
+def test_the_constants_of_the_loss_carry_no_gradient():
+    """old_logp, ref_logp and the advantages are constants: passing tensors that still carry a graph
+    (policy_loss(logp, logp, ...), say) gives the on-policy gradient, not a silent zero."""
+    g = torch.Generator().manual_seed(27)
+    mask = random_mask(6, 5, g)
+    base = -torch.rand(6, 5, generator=g, dtype=torch.float64)
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    grads = []
+    for same_tensor in (False, True):
+        logp = base.clone().requires_grad_()
+        old = logp if same_tensor else logp.detach()
+        loss, _ = tc.policy_loss(logp, old, adv.clone().requires_grad_() if same_tensor else adv, mask, mode="token",
+                                 ref_logp=old - 0.1, beta=0.2)
+        loss.backward()
+        grads.append(logp.grad)
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0
+
+
+@pytest.mark.filterwarnings("ignore:Anomaly Detection")
+def test_aggregate_and_policy_loss_keep_padding_garbage_out():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    for fill in (float("nan"), float("inf"), -float("inf")):
+        x = torch.tensor([[1.0, 2.0, fill], [4.0, fill, fill]], requires_grad=True)
+        for mode in ("sample", "token"):
+            out = tc.aggregate(x, mask, mode)
+            (grad,) = torch.autograd.grad(out, x)
+            assert torch.isfinite(out) and torch.isfinite(grad).all() and (grad[~mask.bool()] == 0).all()
+        assert tc.aggregate(x, mask, "token").item() == pytest.approx(7.0 / 3)
+    # garbage in the padding of per-token advantages stays out of the backward pass too
+    logp = torch.tensor([[-0.5, -1.0, 0.0], [-0.2, 0.0, 0.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, float("nan")], [0.5, float("inf"), float("nan")]])
+    with torch.autograd.detect_anomaly(check_nan=True):
+        tc.policy_loss(logp, logp.detach() + 0.1, adv, mask, mode="token")[0].backward()
 
 
 def test_self_distillation_loss():
@@ -581,7 +617,7 @@ def test_counterfactual_shifts_and_sensitivity_hand_worked():
     logp = torch.tensor([[-1.0, -2.0, -0.5, -1.0]])
     pos = torch.tensor([[-0.5, -2.5, -0.5, -1.5]])
     neg = torch.tensor([[-0.8, -1.0, -3.0, -1.2]])
-    d_pos, d_neg = tc.counterfactual_shifts(logp, pos, neg, mask=torch.tensor([[1, 1, 0, 1]]))
+    d_pos, d_neg = tc.counterfactual_shifts(logp, pos, neg, torch.tensor([[1, 1, 0, 1]]))
     assert torch.allclose(d_pos, torch.tensor([[0.5, -0.5, 0.0, -0.5]]))
     assert torch.allclose(d_neg, torch.tensor([[0.2, 1.0, 0.0, -0.2]]))
     # max of the absolute values: both negative gives 0.5, not max(-0.5, -0.2)
@@ -728,8 +764,9 @@ BAD_INPUT = [
     (lambda: tc.group_advantages(torch.tensor([[1.0, float("inf")]])), "rewards must be finite.*inf"),
     (lambda: tc.group_advantages(torch.zeros(2, 2), scale="mad"), r"scale must be one of \('std', 'batch', 'none'\), got 'mad'"),
     (lambda: tc.group_advantages(torch.zeros(2, 2), baseline="median"), "baseline must be one of .*got 'median'"),
-    (lambda: tc.group_advantages(torch.zeros(2, 2), eps=0.0), "eps must be > 0, got 0.0"),
-    (lambda: tc.informative_groups([[0, 1]]), r"rewards must be a torch.Tensor of shape \(B, G\), got list"),
+    (lambda: tc.group_advantages(torch.zeros(2, 2), eps=0.0), "eps must be a finite number > 0, got 0.0"),
+    (lambda: tc.informative_groups([[0, 1]]), r"values must be a torch.Tensor of shape \(B, G\), got list"),
+    (lambda: tc.group_advantages(torch.zeros(2, 2), eps=None), "eps must be a finite number > 0, got None"),
     (lambda: tc.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=5), r"cache_len must be an int in \(0, max_len = 4\], got 5"),
     (lambda: tc.overlong_penalty(torch.tensor([3, -1]), max_len=4, cache_len=2), "lengths must be finite and >= 0, got -1.0"),
     (lambda: tc.fill_batch(lambda: {"rewards": torch.zeros(2, 3)}, 2, 2, filter_key="correct"), "must return a dict with key 'correct'"),
@@ -738,9 +775,11 @@ BAD_INPUT = [
     (lambda: tc.fill_batch((lambda widths: lambda: {"correct": torch.tensor([[0.0, 1.0]]), "x": torch.zeros(1, next(widths))})(
         iter([5, 6])), 2, 2, "correct"), "must keep its trailing shape across rounds"),
     (lambda: tc.token_weights(torch.ones(2, 3), "sequence"), "mode must be one of .*'sample'.*got 'sequence'"),
-    (lambda: tc.token_weights(torch.ones(2, 3), "constant"), "mode 'constant' needs max_len.*got None"),
-    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=0), "positive finite constant .*got 0"),
-    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=float("inf")), "positive finite constant .*got inf"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant"), r"max_len \(mode 'constant': .*\) must be a finite number > 0, got None"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=0), "max_len .* must be a finite number > 0, got 0"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=float("inf")), "max_len .*finite number > 0, got inf"),
+    (lambda: tc.token_weights(torch.ones(2, 3), "constant", max_len=True), "max_len .*finite number > 0, got True"),
+    (lambda: tc.fill_batch(FakeSampler(lambda k: True), True, 2, "correct"), "batch_size must be a positive int, got True"),
     (lambda: tc.token_weights(torch.ones(6, 3), "group_token", group_size=4), "group_size.*dividing N = 6, got 4"),
     (lambda: tc.token_weights(torch.full((2, 3), 2.0), "token"), "mask must hold only 0 and 1, got value 2.0"),
     (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 12), torch.zeros(8), torch.ones(8, 11)),
@@ -748,7 +787,7 @@ BAD_INPUT = [
     (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 11), torch.zeros(8), torch.ones(8, 12)),
      r"old_logp must have the same shape as logp: \(N, T\) = \(8, 12\), got \(8, 11\)"),
     (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 12), torch.zeros(7), torch.ones(8, 12)),
-     r"advantages of shape \(N,\) must have N = 8 rows like mask, got \(7,\)"),
+     r"advantages of shape \(N,\) must have N = 8 rows like logp, got \(7,\)"),
     (lambda: tc.policy_loss(torch.zeros(8, 12), torch.zeros(8, 12), torch.zeros(8), torch.ones(8, 12), beta=0.1),
      r"ref_logp \(needed when beta > 0\) must be a torch.Tensor of shape \(N, T\), got NoneType"),
     (lambda: tc.policy_loss(torch.zeros(2, 3), torch.full((2, 3), float("nan")), torch.zeros(2), torch.ones(2, 3)),
@@ -756,7 +795,7 @@ BAD_INPUT = [
     (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), mode="seq"), "mode must be one of"),
     (lambda: tc.policy_loss(torch.zeros(2, 3, 1), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3)),
      r"logp must have 2 dimensions \(N, T\), got shape \(2, 3, 1\)"),
-    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), eps_high=-1.0), "eps_high must be >= 0, got -1.0"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), eps_high=-1.0), "eps_high must be a number >= 0, got -1.0"),
     (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), surrogate="ppo"),
      r"surrogate must be one of \('clip', 'reinforce'\), got 'ppo'"),
     (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), ratio_level="seq"), "ratio_level must be one of"),
@@ -768,29 +807,39 @@ BAD_INPUT = [
     (lambda: tc.policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[0.0, float("inf")]]), torch.ones(1, 2)),
      r"advantages must be finite on real tokens, got inf at index \(0, 1\)"),
     (lambda: tc.policy_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([0.0, float("nan")]), torch.ones(2, 2)),
-     r"advantages must be finite on real tokens, got nan at index \(1,\)"),
+     r"advantages must be finite, got nan at index \(1,\)"),
     (lambda: tc.policy_loss(torch.zeros(1, 2), None, torch.zeros(1), torch.ones(1, 2), surrogate="reinforce",
                             ref_logp=torch.tensor([[-float("inf"), 0.0]]), beta=0.1), r"ref_logp must be finite on real tokens, got -inf at index \(0, 0\)"),
     (lambda: tc.policy_gradient_surrogate(torch.zeros(2, 3), torch.zeros(3)), r"advantages of shape \(N,\) must have N = 2 rows like logp, got \(3,\)"),
-    (lambda: tc.clipped_surrogate(torch.ones(2, 3), torch.zeros(2), eps_low=-0.1), "eps_low must be >= 0, got -0.1"),
-    (lambda: tc.clipped_surrogate(torch.ones(2, 3), torch.zeros(2), eps_high=float("nan")), "eps_high must be >= 0, got nan"),
+    (lambda: tc.clipped_surrogate(torch.ones(2, 3), torch.zeros(2), eps_low=-0.1), "eps_low must be a number >= 0, got -0.1"),
+    (lambda: tc.clipped_surrogate(torch.ones(2, 3), torch.zeros(2), eps_high=float("nan")), "eps_high must be a number >= 0, got nan"),
+    (lambda: tc.clipped_surrogate(torch.ones(2, 3), torch.zeros(2), eps_low="0.2"), "eps_low must be a number >= 0, got '0.2'"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), beta=-1.0),
+     "beta must be a finite number >= 0, got -1.0"),
     (lambda: tc.importance_ratio(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), level="group"), "level must be one of"),
     (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.full((2, 3), 5)), r"token ids in \[0, V = 5\), got range \[5, 5\]"),
     (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long)), r"\(N, T\) = \(2, 3\), got \(2, 4\)"),
     (lambda: tc.token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3)), "integer token ids, got dtype torch.float32"),
     (lambda: tc.cscr_weights(torch.zeros(2, 3), torch.ones(2, 3), strength=-1.0), "strength must be a finite number >= 0, got -1.0"),
-    (lambda: tc.cscr_weights(torch.full((2, 3), -1.0), torch.ones(2, 3), strength=1.0), "sensitivity must be >= 0 on real tokens, got -1.0"),
+    (lambda: tc.cscr_weights(torch.zeros(2, 3), torch.ones(2, 3), strength=None), "strength must be a finite number >= 0, got None"),
+    (lambda: tc.cscr_weights(torch.full((2, 3), -1.0), torch.ones(2, 3), strength=1.0), "sensitivity must be finite and >= 0 on real tokens, got -1.0"),
     (lambda: tc.token_advantages(torch.zeros(3), torch.ones(2, 4)), r"weights must have N = 3 rows like advantages, got shape \(2, 4\)"),
     (lambda: tc.token_advantages(torch.zeros(3, 1), torch.ones(3, 4)), r"advantages must have 1 dimensions \(N,\), got shape \(3, 1\)"),
     (lambda: tc.token_advantages(torch.zeros(1), -torch.ones(1, 4)), "weights must be >= 0, got -1.0"),
-    (lambda: tc.high_entropy_mask(torch.zeros(2, 3), torch.ones(2, 3), top_fraction=0.0), r"top_fraction must be in \(0, 1\], got 0.0"),
+    (lambda: tc.high_entropy_mask(torch.zeros(2, 3), torch.ones(2, 3), top_fraction=0.0), r"top_fraction must be a finite number in \(0, 1\], got 0.0"),
+    (lambda: tc.high_entropy_mask(torch.zeros(2, 3), torch.ones(2, 3), top_fraction=None), r"top_fraction must be a finite number in \(0, 1\], got None"),
     (lambda: tc.high_entropy_mask(torch.zeros(2, 3), torch.ones(3, 3)), r"mask must have the same shape as entropy: \(N, T\) = \(2, 3\), got \(3, 3\)"),
     (lambda: tc.token_entropy(torch.zeros(2, 3)), r"logits must have 3 dimensions \(N, T, V\), got shape \(2, 3\)"),
-    (lambda: tc.counterfactual_shifts(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 3)),
+    (lambda: tc.counterfactual_shifts(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 3), torch.ones(2, 3)),
      r"logp_neg must have the same shape as logp: \(N, T\) = \(2, 3\), got \(3, 3\)"),
     (lambda: tc.shift_diagnostics(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2)),
      r"mask must have the same shape as d_pos: \(N, T\) = \(2, 3\), got \(2, 2\)"),
     (lambda: tc.shift_diagnostics(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), min_shift=-1.0), "min_shift must be a finite number >= 0, got -1.0"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, device="meta"), torch.ones(2, 3)),
+     "advantages must be on the device of logp, cpu, got meta"),
+    (lambda: tc.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3, device="meta"), torch.zeros(2), torch.ones(2, 3)),
+     "old_logp must be on the device of logp, cpu, got meta"),
+    (lambda: tc.aggregate(torch.zeros(2, 3), torch.ones(2, 3, device="meta"), "token"), "mask must be on the device of per_token, cpu, got meta"),
     (lambda: tc.self_distillation_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), torch.ones(2, 3)),
      r"teacher_logits must have the same shape as student_logits: \(N, T, V\) = \(2, 3, 4\), got \(2, 3, 5\)"),
 ]
@@ -867,12 +916,16 @@ def test_readme_worked_examples_match_the_code():
         assert unindent(block) in unindent(readme), "README.md is missing this block, as the code computes it now:\n" + block
 
 
-def test_readme_code_links_point_at_their_functions():
-    """Every [name](file.py#LN) link in README.md lands on `def name` in that file."""
+def test_readme_code_links_point_into_their_functions():
+    """Every [name](file.py#LN) link in README.md lands inside `def name` in that file (on the line that
+    does the work); after editing tokencredit.py, move the link the failure names."""
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "README.md")) as f:
         links = re.findall(r"\[(\w+)\]\((\w+\.py)#L(\d+)\)", f.read())
     assert len(links) >= 12
     for name, path, line in links:
         with open(os.path.join(here, path)) as f:
-            assert f.read().splitlines()[int(line) - 1].startswith(f"def {name}("), f"{name} is not at {path}:{line}"
+            lines = f.read().splitlines()
+        start = next(i for i, text in enumerate(lines) if text.startswith(f"def {name}("))
+        end = next((i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), len(lines))
+        assert start <= int(line) - 1 < end and lines[int(line) - 1].strip(), f"{name} is not at {path}:{line}"

@@ -326,8 +326,9 @@ def test_dynamic_sampling_filters_on_correctness(tmp_path, monkeypatch):
     (["--loss-mode", "seq"], "mode must be one of ('sample', 'token', 'group_token', 'constant'), got 'seq'"),
     (["--adv-scale", "mad"], "scale must be one of ('std', 'batch', 'none'), got 'mad'"),
     (["--surrogate", "ppo"], "surrogate must be one of ('clip', 'reinforce'), got 'ppo'"),
-    (["--eps-low", "-0.1"], "eps_low must be >= 0, got -0.1"),
-    (["--beta", "-1"], "beta must be >= 0, got -1.0"),
+    (["--eps-low", "-0.1"], "eps_low must be a number >= 0, got -0.1"),
+    (["--beta", "-1"], "beta must be a finite number >= 0, got -1.0"),
+    (["--cond-neg", "Y"], "--cond-pos and --cond-neg must differ"),
     (["--cscr-strength", "-2"], "strength must be a finite number >= 0, got -2.0"),
     (["--reward-wrong", "nan"], "rewards must be finite"),
     (["--methods", "dapo", "--overlong-cache", "60"], "cache_len must be an int in (0, max_len = 48], got 60"),
@@ -369,3 +370,19 @@ def test_grpo_fixes_the_warm_ups_mistakes(tmp_path, monkeypatch):
     assert run["final_accuracy"] >= run["start_accuracy"] + 0.10
     assert run["final_sampled_accuracy"] >= run["start_sampled_accuracy"] + 0.25
     assert run["final_accuracy_misconception"] >= run["start_accuracy_misconception"] + 0.3  # the habit RL overturns
+
+
+def test_how_much_the_evaluation_set_overlaps_training(monkeypatch):
+    """The 200 evaluation problems come from their own seeded stream, but one-digit sums repeat: the README
+    states how many also occur among the warm-up's prompts (0.71) and seed 0's 60 x 16 training prompts (0.28)."""
+    args = tt.Args()
+    held_out = tt.ProblemStream(args, args.warmup_seed + tt.HELD_OUT_STREAM).next(args.eval_size)
+    seen, real_next = [], tt.ProblemStream.next
+    monkeypatch.setattr(tt.ProblemStream, "next", lambda self, n: seen.extend(p := real_next(self, n)) or p)
+    tokenizer, rng = tt.build_tokenizer(), random.Random(args.warmup_seed)
+    for _ in range(args.warmup_steps):  # the warm-up's batches, in its order, without the model
+        tt.warmup_batch(args, tokenizer, rng, "cpu")
+    warmup = {tuple(p) for p in seen}
+    training = {tuple(p) for p in real_next(tt.ProblemStream(args, 0), args.steps * args.prompts_per_step)}
+    assert sum(tuple(p) in warmup for p in held_out) / len(held_out) == pytest.approx(0.71, abs=0.005)
+    assert sum(tuple(p) in training for p in held_out) / len(held_out) == pytest.approx(0.28, abs=0.005)

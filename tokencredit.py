@@ -19,9 +19,8 @@ References
 [1] GRPO: Shao et al., "DeepSeekMath", arXiv 2402.03300.
 [2] Dr. GRPO: Liu et al., "Understanding R1-Zero-Like Training", arXiv 2503.20783.
 [3] DAPO: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476.
-[4] CSCR: "Not All Tokens Deserve Equal Credit", arXiv 2607.27888. Its full text was not
-    available to us: the sensitivity, weighting and renormalisation are OUR READING of its
-    abstract, and every choice is a parameter.
+[4] CSCR: "Not All Tokens Deserve Equal Credit", arXiv 2607.27888. Only its abstract was available to us:
+    the sensitivity, weighting and renormalisation here are OUR READING, every choice a parameter.
 [5] PPO: Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347.
 [6] k3: J. Schulman, "Approximating KL Divergence", blog post, 2020.
 [7] GSPO: Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071.
@@ -75,18 +74,18 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
                      baseline: str = "mean") -> torch.Tensor:
     """Group-relative advantage of each response, A_i = (r_i - b_i) / s.
 
-    baseline "mean" (GRPO [1]): b_i = mean_j r_j; its expected gradient is (G-1)/G of REINFORCE's
-             "leave_one_out" (RLOO [8]): b_i = mean_{j != i} r_j, independent of o_i: exactly unbiased
+    baseline "mean" (GRPO [1]): b_i = mean_j r_j, which holds r_i: with s = 1 the expected gradient is
+             (G-1)/G of REINFORCE's; "leave_one_out" (RLOO [8]): b_i = mean_{j != i} r_j keeps it exactly
     scale    "std" (GRPO): s = std_j r_j + eps (Bessel, eps outside the sqrt); "batch": s = std of all
-             B*G rewards + eps; "none" (Dr. GRPO [2]): s = 1. Dividing by s rescales; it is no baseline.
+             B*G rewards + eps; "none" (Dr. GRPO [2]): s = 1. s depends on r_i too: no baseline, and
+             with it neither version keeps the expected gradient exactly.
     A group whose rewards are all equal gets exactly 0, and so does G = 1.
     Args: rewards (B, G) finite. Returns: advantages (B, G), given to every token of the response.
     """
     _check_tensor(rewards, "rewards", 2, "(B, G)")
     _check_choice(scale, "scale", ADVANTAGE_SCALES)
     _check_choice(baseline, "baseline", BASELINES)
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+    _check_number(eps, "eps", "> 0", eps > 0 if _is_real(eps) else False)
     _check_finite_on(rewards, "rewards")
     rewards = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
     G = rewards.shape[1]
@@ -111,9 +110,9 @@ def informative_groups(values: torch.Tensor) -> torch.Tensor:
 
     Args: values (B, G) finite; bool reads as 0/1. Returns: keep (B,) bool.
     """
-    _check_tensor(values, "rewards", 2, "(B, G)")
+    _check_tensor(values, "values", 2, "(B, G)")
     values = values.float() if values.dtype == torch.bool else values
-    _check_finite_on(values, "rewards")
+    _check_finite_on(values, "values")
     return (values != values[:, :1]).any(dim=1)  # (B,)
 
 
@@ -127,15 +126,13 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     Returns: (batch, stats: rounds, groups_seen, groups_informative, groups_kept, full).
     """
     for name, value in (("batch_size", batch_size), ("max_rounds", max_rounds)):
-        if not (isinstance(value, int) and value > 0):
+        if not (_is_real(value) and isinstance(value, int) and value > 0):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(filter_key, str):
-        raise ValueError(f"filter_key must be a str naming the tensor to filter on, got {filter_key!r}")
-    kept, n_kept, n_seen, n_informative, rounds = [], 0, 0, 0, 0
+    kept, n_kept, n_seen, n_informative, rounds, first = [], 0, 0, 0, 0, None
     while n_kept < batch_size and rounds < max_rounds:
         groups = sample_groups()
         rounds += 1
-        _check_round(groups, filter_key)
+        first = _check_round(groups, filter_key, first)
         keep = informative_groups(groups[filter_key])  # (b,)
         n_seen += keep.shape[0]
         n_informative += int(keep.sum())
@@ -144,11 +141,6 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
             kept.append({key: value[take] for key, value in groups.items()})
             n_kept += take.numel()
     if kept:
-        for key in kept[0]:
-            shapes = {tuple(part[key].shape[1:]) for part in kept}
-            if len(shapes) > 1:
-                raise ValueError(f"sample_groups()[{key!r}] must keep its trailing shape across rounds, "
-                                 f"got {sorted(shapes)}")
         batch = {key: torch.cat([part[key] for part in kept], dim=0) for key in kept[0]}
     else:  # nothing informative: empty tensors with the last round's trailing shapes
         batch = {key: value[:0] for key, value in groups.items()}
@@ -174,7 +166,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     if targets.is_floating_point() or targets.dtype == torch.bool:
         raise ValueError(f"targets must hold integer token ids, got dtype {targets.dtype}")
     V = logits.shape[-1]
-    if targets.numel() and (targets.min() < 0 or targets.max() >= V):
+    if targets.numel() and ((targets < 0) | (targets >= V)).any():
         raise ValueError(f"targets must be token ids in [0, V = {V}), got range "
                          f"[{targets.min().item()}, {targets.max().item()}]")
     logits = logits.float()
@@ -202,21 +194,22 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     "sequence":       s_i = exp(1/|o_i| sum_t (logp_{i,t} - old_logp_{i,t})) on every token of i;
                       d s_i / d logp_{i,t} = s_i / |o_i|
     "sequence_token": GSPO-token, sg[s_i] * pi_{i,t} / sg[pi_{i,t}]: value s_i, d / d logp_{i,t} = s_i
-    Args: logp, old_logp, mask (N, T). Returns: ratio (N, T).
+    Args: logp, old_logp (a constant: no gradient flows into it), mask (N, T). Returns: ratio (N, T).
     """
     _check_tensor(logp, "logp", 2, "(N, T)")
     _check_same_shape(old_logp, "old_logp", logp, "logp", "(N, T)")
     mask = _check_mask(mask, logp, "logp")
     _check_choice(level, "level", RATIO_LEVELS)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    log_ratio = torch.where(mask, logp - old_logp, zero)  # (N, T), 0 on padding so the ratio is 1 there
+    zero = logp.new_zeros(())
+    log_ratio = torch.where(mask, logp - old_logp.detach(), zero)  # (N, T), 0 on padding so the ratio is 1 there
     if level == "token":
         return torch.exp(log_ratio)  # (N, T)
-    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(logp.dtype)  # (N, 1) |o_i|
-    log_s = log_ratio.sum(dim=-1, keepdim=True) / lengths  # (N, 1) log s_i
+    dtype = torch.promote_types(logp.dtype, torch.float32)  # a bf16 mean over 1000 tokens could not resolve 3e-4
+    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype)  # (N, 1) |o_i|
+    log_s = log_ratio.to(dtype).sum(dim=-1, keepdim=True) / lengths  # (N, 1) log s_i
     if level == "sequence_token":
         log_s = torch.where(mask, logp - logp.detach(), zero) + log_s.detach()  # (N, T), value log s_i
-    return torch.where(mask, torch.exp(log_s), torch.ones((), dtype=logp.dtype))  # (N, T)
+    return torch.where(mask, torch.exp(log_s), logp.new_ones((), dtype=dtype))  # (N, T)
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float = 0.2,
@@ -247,7 +240,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     _check_tensor(logp, "logp", 2, "(N, T)")
     _check_same_shape(ref_logp, "ref_logp", logp, "logp", "(N, T)")
     log_ratio = ref_logp - logp  # (N, T) log r
-    return torch.exp(log_ratio) - log_ratio - 1
+    return torch.expm1(log_ratio) - log_ratio  # r - 1 - log r, exact near r = 1 where exp(x) - 1 rounds
 
 
 # -----------------------------------------------------------------------------
@@ -276,11 +269,13 @@ def loss_denominators(mask: torch.Tensor, mode: str, group_size: Optional[int] =
         num_target_tokens = lengths.sum().clamp(min=1)  # sum over the batch of |o_j|
         return num_target_tokens.expand(N)  # (N,)
     if mode == "group_token":
-        _check_group_size(group_size, N)
+        if not (isinstance(group_size, int) and group_size > 0 and N % group_size == 0):
+            raise ValueError(f"mode 'group_token' needs group_size, a positive int dividing N = {N}, "
+                             f"got {group_size!r}")
         B = N // group_size
         group_tokens = lengths.view(B, group_size).sum(dim=1).clamp(min=1)  # (B,) sum_{j in group} |o_j|
         return B * group_tokens.repeat_interleave(group_size)  # (N,)
-    _check_max_len(max_len)
+    _check_number(max_len, "max_len (mode 'constant': Dr. GRPO's budget)", "> 0", _is_real(max_len) and max_len > 0)
     return torch.full((N,), float(N * max_len), dtype=dtype, device=mask.device)  # (N,)
 
 
@@ -305,7 +300,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, group_size
     _check_tensor(per_token, "per_token", 2, "(N, T)")
     mask = _check_mask(mask, per_token, "per_token")
     denominator = loss_denominators(mask, mode, group_size, max_len, per_token.dtype)  # (N,) d_i
-    real = torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype))  # padding -> exactly 0
+    real = torch.where(mask, per_token, per_token.new_zeros(()))  # padding -> exactly 0
     return (real.sum(dim=-1) / denominator).sum().to(per_token.dtype)
 
 
@@ -332,20 +327,20 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
         _check_same_shape(old_logp, "old_logp", logp, "logp", "(N, T)")
     mask_given = mask
     mask, mask_values_ok = _mask_without_sync(mask, logp, "logp")
-    _check_advantages(advantages, mask, "mask")
-    per_token_advantages = advantages.dim() == 2
+    _check_advantages(advantages, logp, "logp")
+    advantages, per_token_advantages = advantages.detach(), advantages.dim() == 2  # constants of the loss
     if surrogate == "reinforce" and ratio_level != "token":
         raise ValueError(f"ratio_level {ratio_level!r} needs surrogate 'clip', got surrogate 'reinforce'")
     if ratio_level == "sequence" and per_token_advantages:
         raise ValueError("ratio_level 'sequence' (GSPO) needs one advantage per response, shape (N,), got "
                          f"{tuple(advantages.shape)}; use 'sequence_token' for per-token advantages")
-    if not beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
+    _check_number(beta, "beta", ">= 0", _is_real(beta) and beta >= 0)
     if beta > 0:
         _check_same_shape(ref_logp, "ref_logp (needed when beta > 0)", logp, "logp", "(N, T)")
+        ref_logp = ref_logp.detach()
 
     # padding becomes exactly 0 before any arithmetic, so garbage there reaches no value and no gradient
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    zero = logp.new_zeros(())
     if per_token_advantages:
         advantages = torch.where(mask, advantages, zero)  # (N, T)
     if surrogate == "clip":
@@ -375,8 +370,10 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
         values = torch.stack([v.to(torch.float64) for v in values]).tolist()  # the one synchronisation
     if not values[1]:
         _check_mask(mask_given)  # raises, naming the value that is not 0 or 1
-    if not values[0]:
-        _explain_not_finite(logp, old_logp, advantages, ref_logp, mask, beta)
+    if not values[0]:  # a NaN or inf somewhere: name the input at fault (none, if only the sum overflowed)
+        for x, name in ((logp, "logp"), (old_logp, "old_logp"), (advantages, "advantages"), (ref_logp, "ref_logp")):
+            if x is not None and (name != "ref_logp" or beta > 0):
+                _check_finite_on(x, name, mask if x.dim() == 2 else None)
     stats = dict(num_tokens=int(values[2]))
     denom = max(values[2], 1)
     if surrogate == "clip":  # ratio.sum() counted padding's 1s: take them out
@@ -411,23 +408,18 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
 # 5. which tokens carry the credit: CSCR [4] (our reading) and the high-entropy mask [9]
 
 def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: torch.Tensor,
-                          mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                          mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """How each sampled token's log-prob moves when an outcome is asserted before the prompt [4].
 
     d+_t = log pi(o_t | c+, q, o_<t) - log pi(o_t | q, o_<t)     (c+ asserts "correct")
     d-_t = log pi(o_t | c-, q, o_<t) - log pi(o_t | q, o_<t)     (c- asserts "incorrect")
-    Args: logp, logp_pos, logp_neg (N, T), one trajectory scored three ways; mask optional (0 on padding).
+    Args: logp, logp_pos, logp_neg (N, T), one trajectory scored three ways; mask (N, T). 0 on padding.
     """
     _check_tensor(logp, "logp", 2, "(N, T)")
     _check_same_shape(logp_pos, "logp_pos", logp, "logp", "(N, T)")
     _check_same_shape(logp_neg, "logp_neg", logp, "logp", "(N, T)")
-    d_pos = logp_pos - logp  # (N, T)
-    d_neg = logp_neg - logp  # (N, T)
-    if mask is not None:
-        mask = _check_mask(mask, logp, "logp")
-        d_pos = torch.where(mask, d_pos, torch.zeros_like(d_pos))
-        d_neg = torch.where(mask, d_neg, torch.zeros_like(d_neg))
-    return d_pos, d_neg
+    mask, zero = _check_mask(mask, logp, "logp"), logp.new_zeros(())
+    return torch.where(mask, logp_pos - logp, zero), torch.where(mask, logp_neg - logp, zero)  # (N, T) each
 
 
 def counterfactual_sensitivity(d_pos: torch.Tensor, d_neg: torch.Tensor) -> torch.Tensor:
@@ -452,13 +444,11 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     """
     _check_tensor(sensitivity, "sensitivity", 2, "(N, T)")
     mask = _check_mask(mask, sensitivity, "sensitivity")
-    if not (math.isfinite(strength) and strength >= 0):
-        raise ValueError(f"strength must be a finite number >= 0, got {strength}")
-    if not math.isfinite(threshold):
-        raise ValueError(f"threshold must be finite, got {threshold}")
-    _check_finite_on(sensitivity, "sensitivity", mask)
-    if (mask & (sensitivity < 0)).any():
-        raise ValueError(f"sensitivity must be >= 0 on real tokens, got {sensitivity[mask].min().item()}")
+    _check_number(strength, "strength", ">= 0", _is_real(strength) and strength >= 0)
+    _check_number(threshold, "threshold", "", _is_real(threshold))
+    bad = mask & ~(torch.isfinite(sensitivity) & (sensitivity >= 0))  # (N, T)
+    if bad.any():
+        raise ValueError(f"sensitivity must be finite and >= 0 on real tokens, got {sensitivity[bad][0].item()}")
     log_w = -strength * torch.clamp(sensitivity.float() - threshold, min=0)  # (N, T) log w_t
     log_w = log_w.masked_fill(~mask, float("-inf"))
     log_w = log_w - log_w.amax(dim=-1, keepdim=True)  # w_t / sum w unchanged; no underflow to 0/0
@@ -487,12 +477,16 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_fraction: f
     """
     _check_tensor(entropy, "entropy", 2, "(N, T)")
     mask = _check_mask(mask, entropy, "entropy")
-    if not 0 < top_fraction <= 1:
-        raise ValueError(f"top_fraction must be in (0, 1], got {top_fraction}")
+    _check_number(top_fraction, "top_fraction", "in (0, 1]", _is_real(top_fraction) and 0 < top_fraction <= 1)
     real = entropy[mask].float()  # (number of real tokens,)
     if real.numel() == 0:
         return torch.zeros(entropy.shape, device=entropy.device)
-    threshold = torch.quantile(real, 1 - top_fraction)  # linear interpolation, as torch's default
+    if real.numel() <= 2 ** 24:  # torch.quantile's limit
+        threshold = torch.quantile(real, 1 - top_fraction)  # linear interpolation between the nearest ranks
+    else:  # the same interpolation from a sort (equal up to rounding)
+        pos = (1 - top_fraction) * (real.numel() - 1)
+        ranked = real.sort().values
+        threshold = torch.lerp(ranked[int(pos)], ranked[min(int(pos) + 1, real.numel() - 1)], pos - int(pos))
     return (mask & (entropy.float() >= threshold)).float()  # (N, T), compared in the threshold's float32
 
 
@@ -528,9 +522,8 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
     _check_tensor(d_pos, "d_pos", 2, "(N, T)")
     _check_same_shape(d_neg, "d_neg", d_pos, "d_pos", "(N, T)")
     mask = _check_mask(mask, d_pos, "d_pos")
-    if not (math.isfinite(min_shift) and min_shift >= 0):
-        raise ValueError(f"min_shift must be a finite number >= 0, got {min_shift}")
-    sensitivity = torch.maximum(d_pos.abs(), d_neg.abs())  # (N, T)
+    _check_number(min_shift, "min_shift", ">= 0", _is_real(min_shift) and min_shift >= 0)
+    sensitivity = counterfactual_sensitivity(d_pos, d_neg)  # (N, T)
     affected = mask & (sensitivity >= min_shift)  # (N, T)
     num_affected = affected.sum()
     denom = num_affected.clamp(min=1).to(torch.float32)
@@ -561,6 +554,21 @@ def _check_same_shape(x, name: str, ref: torch.Tensor, ref_name: str, shape_desc
     if x.shape != ref.shape:
         raise ValueError(f"{name} must have the same shape as {ref_name}: "
                          f"{shape_desc} = {tuple(ref.shape)}, got {tuple(x.shape)}")
+    _check_device(x, name, ref, ref_name)
+
+
+def _check_device(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    if x.device != ref.device:
+        raise ValueError(f"{name} must be on the device of {ref_name}, {ref.device}, got {x.device}")
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_number(x, name: str, condition: str, ok: bool, finite: bool = True) -> None:
+    if not (ok and (math.isfinite(x) or not finite)):
+        raise ValueError(f"{name} must be a {'finite ' * finite}number{' ' * bool(condition)}{condition}, got {x!r}")
 
 
 def _check_choice(value, name: str, choices: tuple) -> None:
@@ -582,6 +590,8 @@ def _mask_without_sync(mask, like: Optional[torch.Tensor], like_name: str) -> Tu
     if like is not None and mask.shape != like.shape[:2]:
         raise ValueError(f"mask must have the same shape as {like_name}: (N, T) = "
                          f"{tuple(like.shape[:2])}, got {tuple(mask.shape)}")
+    if like is not None:
+        _check_device(mask, "mask", like, like_name)
     if mask.dtype == torch.bool:
         return mask, torch.ones((), dtype=torch.bool, device=mask.device)
     return mask != 0, ((mask == 0) | (mask == 1)).all()
@@ -594,17 +604,8 @@ def _check_finite_on(x: torch.Tensor, name: str, mask: Optional[torch.Tensor] = 
         bad = bad & mask
     if bad.any():
         where = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"{name} must be finite on real tokens, got {x[where].item()} at index {where}")
-
-
-def _explain_not_finite(logp, old_logp, advantages, ref_logp, mask, beta) -> None:
-    """policy_loss's combined sum was not finite: name the input at fault (or none, if the sum overflowed)."""
-    _check_finite_on(logp, "logp", mask)
-    if old_logp is not None:
-        _check_finite_on(old_logp, "old_logp", mask)
-    _check_finite_on(advantages, "advantages", mask if advantages.dim() == 2 else None)
-    if beta > 0:
-        _check_finite_on(ref_logp, "ref_logp", mask)
+        raise ValueError(f"{name} must be finite{' on real tokens' if mask is not None else ''}, got "
+                         f"{x[where].item()} at index {where}")
 
 
 def _check_advantages(advantages, like: torch.Tensor, like_name: str) -> torch.Tensor:
@@ -615,6 +616,7 @@ def _check_advantages(advantages, like: torch.Tensor, like_name: str) -> torch.T
         if advantages.shape[0] != like.shape[0]:
             raise ValueError(f"advantages of shape (N,) must have N = {like.shape[0]} rows like {like_name}, "
                              f"got {tuple(advantages.shape)}")
+        _check_device(advantages, "advantages", like, like_name)
         return advantages[:, None].expand(like.shape)  # (N, T), a view: every token gets A_i
     if advantages.dim() == 2:
         _check_same_shape(advantages, "advantages", like, like_name, "(N, T)")
@@ -624,23 +626,12 @@ def _check_advantages(advantages, like: torch.Tensor, like_name: str) -> torch.T
 
 def _check_clip_range(eps_low: float, eps_high: float) -> None:
     for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if not eps >= 0:
-            raise ValueError(f"{name} must be >= 0, got {eps}")
+        _check_number(eps, name, ">= 0", _is_real(eps) and eps >= 0, finite=False)
 
 
-def _check_group_size(group_size, N: int) -> None:
-    if not (isinstance(group_size, int) and group_size > 0 and N % group_size == 0):
-        raise ValueError(f"mode 'group_token' needs group_size, a positive int dividing N = {N}, got {group_size!r}")
-
-
-def _check_max_len(max_len) -> None:
-    if isinstance(max_len, bool) or not (isinstance(max_len, (int, float)) and 0 < max_len < math.inf):
-        raise ValueError(f"mode 'constant' needs max_len, a positive finite constant (Dr. GRPO: the "
-                         f"generation budget), got {max_len!r}")
-
-
-def _check_round(groups, filter_key: str) -> None:
-    """One round of fill_batch's sampler: a dict of tensors with one leading dimension, holding filter_key."""
+def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
+    """One round of fill_batch's sampler: a dict of tensors with one leading dimension, holding filter_key,
+    shaped as the first round beyond that dimension. Returns the first round."""
     if not isinstance(groups, dict) or filter_key not in groups:
         keys = f" with keys {sorted(groups)}" if isinstance(groups, dict) else ""
         raise ValueError(f"sample_groups() must return a dict with key {filter_key!r} (the filter_key), "
@@ -652,3 +643,8 @@ def _check_round(groups, filter_key: str) -> None:
             got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise ValueError(f"sample_groups()[{key!r}] must be a tensor with leading dimension "
                              f"b = {b} like {filter_key}, got {got}")
+        if first is not None and (key not in first or value.shape[1:] != first[key].shape[1:]):
+            was = tuple(first[key].shape[1:]) if key in first else "no such key"
+            raise ValueError(f"sample_groups()[{key!r}] must keep its trailing shape across rounds, got "
+                             f"{tuple(value.shape[1:])} after {was}")
+    return groups if first is None else first

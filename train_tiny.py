@@ -181,7 +181,9 @@ def validate_args(a: Args) -> None:
     require(a.device in ("auto", "cpu", "cuda", "mps"), f"--device must be auto, cpu, cuda or mps, got {a.device!r}")
     require(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", a.name)),
             f"--name must be a plain folder name under runs/ (letters, digits, . _ -), got {a.name!r}")
-    longest_prompt = len(a.cond_pos) + a.max_terms * (len(str(a.max_value)) + 1)  # "Y9+9+...=", a token a character
+    require(a.cond_pos != a.cond_neg and set(a.cond_pos + a.cond_neg) <= set("0123456789+=,>YN"), f"--cond-pos and "
+            f"--cond-neg must differ and use the tokenizer's characters 0-9+=,>YN, got {a.cond_pos!r}, {a.cond_neg!r}")
+    longest_prompt = max(len(a.cond_pos), len(a.cond_neg)) + a.max_terms * (len(str(a.max_value)) + 1)  # a token a char
     require(longest_prompt + a.max_new_tokens + 1 <= 128, f"--max-new-tokens {a.max_new_tokens} leaves no room for a "
             f"prompt of up to {longest_prompt} tokens in the tiny model's 128 positions")
     for name in ("misconception_rate", "slip_rate", "recheck_rate", "loop_rate"):
@@ -344,8 +346,7 @@ def warmup_batch(args: Args, tokenizer, rng: random.Random, device):
         prompt = cond + render_problem(terms)
         texts.append(prompt + text + (tokenizer.eos_token if finished else ""))
         prompt_lens.append(len(tokenizer(prompt)["input_ids"]))
-    tokenizer.padding_side = "right"
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    batch = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
     ids, attention = batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (n, L)
     labels = ids.masked_fill(attention == 0, -100)
     positions = torch.arange(ids.shape[1], device=device)[None, :]
@@ -407,8 +408,7 @@ def prompt_texts(args: Args, problems: List[List[int]], cond: str = "") -> List[
 
 
 def tokenize_prompts(tokenizer, texts: List[str], device):
-    tokenizer.padding_side = "left"  # decoder-only generation continues at the right edge
-    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=True)
+    batch = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")  # generation goes on at the right
     return batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (n, P)
 
 
@@ -463,9 +463,9 @@ def generate(model, tokenizer, args: Args, problems: List[List[int]], repeats: i
 
 
 def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_logits=False):
-    """log pi(o_t | cond, q, o_<t) of the responses (n, T) under each condition, in one batched forward,
-    positions numbered from the attention mask as in sample_tokens. Returns one (logp (n, T), logits
-    (n, T, V) or None) per condition."""
+    """log pi(o_t | cond, q, o_<t) of the responses (n, T) under each condition, in one batched forward, at
+    the sampling temperature and with positions numbered from the attention mask, as sample_tokens draws.
+    Returns one (logp (n, T), logits (n, T, V) or None) per condition."""
     n, T = responses.shape
     texts = [text for cond in conds for text in prompt_texts(args, problems, cond)]
     prompt_ids, prompt_attention = tokenize_prompts(tokenizer, texts, responses.device)  # (k n, P)
@@ -474,7 +474,7 @@ def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_l
     attention = torch.cat([prompt_attention, mask.repeat(k, 1).long()], dim=1)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-    logits = logits[:, P - 1:P + T - 1]  # (k n, T, V): the logits that predicted each response token
+    logits = logits[:, P - 1:P + T - 1] / args.temperature  # (k n, T, V): what each token was drawn from
     logp = tc.token_logprobs(logits, responses.repeat(k, 1))  # (k n, T)
     return [(logp[i * n:(i + 1) * n], logits[i * n:(i + 1) * n] if need_logits else None) for i in range(k)]
 
@@ -526,7 +526,12 @@ def train_step(step: int, args: Args, strength: float, model, ref_model, optimiz
     """Rollout (with dynamic sampling if asked), advantages, per-token credit, update_epochs updates.
     Returns the step's log record."""
     cuda = torch.device(device).type == "cuda"
-    clock = lambda: (torch.cuda.synchronize() if cuda else None, time.time())[1]  # noqa: E731 (a GPU runs async)
+
+    def clock() -> float:  # seconds, once the GPU has finished what was queued (it runs asynchronously)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.time()
+
     t0 = clock()
     if args.dynamic_sampling:  # DAPO keeps groups with 0 < #correct < G: it filters on the verifier, not the reward
         batch, fill = tc.fill_batch(sample_groups, args.prompts_per_step, args.max_sampling_rounds,

@@ -121,6 +121,8 @@ def mask_positions(model):
 
 def high_entropy_weights(top_fraction: float = 0.2) -> Callable:
     """token_weights_fn keeping the policy gradient on the micro-batch's top_fraction highest-entropy tokens."""
+    tc.high_entropy_mask(torch.ones(1, 1), torch.ones(1, 1), top_fraction)  # a bad fraction fails now, not mid-run
+
     def weights(inputs, per_token_logps, entropies, mask):
         return tc.high_entropy_mask(entropies, mask, top_fraction)  # (N, T) 0/1
     return weights
@@ -366,7 +368,7 @@ def main(argv=None) -> dict:
 
     credit = Credit(mode=opt.loss_mode, surrogate=opt.surrogate, ratio_level=opt.ratio_level, adv_scale=opt.adv_scale,
                     baseline=opt.baseline,
-                    token_weights_fn=high_entropy_weights(opt.high_entropy) if opt.high_entropy else None)
+                    token_weights_fn=None if opt.high_entropy is None else high_entropy_weights(opt.high_entropy))
     config, dataset, verifier = tiny_setup(args, opt.seed, opt.steps, device, tokenizer.eos_token_id)
     begin = time.time()
 
