@@ -25,6 +25,12 @@ import train_tiny as tt
 DIAGNOSIS_STREAM, EVAL_SAMPLING_STREAM, ONE_STEP_STREAM, PASS_AT_G_STREAM = 1, 2, 3, 4
 
 
+def token_labels(tokenizer, ids: torch.Tensor) -> List[str]:
+    """One label per token id for the pictures, "eos" for <eos>."""
+    texts = [tokenizer.decode([i]) for i in ids.tolist()]
+    return ["eos" if text in ("", tokenizer.eos_token) else text for text in texts]
+
+
 def pyplot():
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
@@ -396,8 +402,7 @@ def plot_one_step(step: dict, table: dict, tokenizer, path: str) -> None:
     spread = torch.where(mask, step["sensitivity"], torch.zeros_like(step["sensitivity"])).amax(dim=1)
     row = int(spread.masked_fill(~candidates, -1).argmax())
     n_tok = int(lengths[row])
-    tokens = [tokenizer.decode([i]) or "eos" for i in step["responses"][row, :n_tok].tolist()]
-    tokens = ["eos" if t == tokenizer.eos_token else t for t in tokens]
+    tokens = token_labels(tokenizer, step["responses"][row, :n_tok])
     cscr_name = next(n for n in names if n.startswith("cscr"))
     for name, style in (("sample", "-o"), (cscr_name, "-s")):
         ax_tokens.plot(range(n_tok), 1e3 * step["delta"][name][row, :n_tok], style, markersize=3,
@@ -515,7 +520,7 @@ def plot_credit(picture: dict, tokenizer, strength: float, path: str) -> None:
     shares = {
         '"sample" (GRPO)': tc.token_weights(mask, "sample"),
         '"token" (DAPO / verl / TRL)': tc.token_weights(mask, "token"),
-        f'CSCR, strength {strength or 1.0:g} (on "sample")': tc.token_weights(mask, "sample") * weights,
+        f'CSCR, strength {strength:g} (on "sample")': tc.token_weights(mask, "sample") * weights,
     }
     vmax = max(float(w[rows].max()) for w in shares.values())
     width = int(lengths.max())
@@ -524,8 +529,7 @@ def plot_credit(picture: dict, tokenizer, strength: float, path: str) -> None:
     cmap = plt.get_cmap("Blues")
     panel = 0
     for row in rows:
-        tokens = [tokenizer.decode([i]) for i in responses[row, : int(lengths[row])].tolist()]
-        tokens = ["eos" if t in ("", tokenizer.eos_token) else t for t in tokens]
+        tokens = token_labels(tokenizer, responses[row, : int(lengths[row])])
         for name, w in shares.items():
             ax = axes[panel]
             panel += 1

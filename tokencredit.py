@@ -85,7 +85,7 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
     _check_tensor(rewards, "rewards", 2, "(B, G)")
     _check_choice(scale, "scale", ADVANTAGE_SCALES)
     _check_choice(baseline, "baseline", BASELINES)
-    _check_number(eps, "eps", "> 0", eps > 0 if _is_real(eps) else False)
+    _check_number(eps, "eps", "> 0", lambda v: v > 0)
     _check_finite_on(rewards, "rewards")
     rewards = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
     G = rewards.shape[1]
@@ -126,7 +126,7 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     Returns: (batch, stats: rounds, groups_seen, groups_informative, groups_kept, full).
     """
     for name, value in (("batch_size", batch_size), ("max_rounds", max_rounds)):
-        if not (_is_real(value) and isinstance(value, int) and value > 0):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     kept, n_kept, n_seen, n_informative, rounds, first = [], 0, 0, 0, 0, None
     while n_kept < batch_size and rounds < max_rounds:
@@ -275,7 +275,7 @@ def loss_denominators(mask: torch.Tensor, mode: str, group_size: Optional[int] =
         B = N // group_size
         group_tokens = lengths.view(B, group_size).sum(dim=1).clamp(min=1)  # (B,) sum_{j in group} |o_j|
         return B * group_tokens.repeat_interleave(group_size)  # (N,)
-    _check_number(max_len, "max_len (mode 'constant': Dr. GRPO's budget)", "> 0", _is_real(max_len) and max_len > 0)
+    _check_number(max_len, "max_len (mode 'constant': Dr. GRPO's budget)", "> 0", lambda v: v > 0)
     return torch.full((N,), float(N * max_len), dtype=dtype, device=mask.device)  # (N,)
 
 
@@ -334,7 +334,7 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     if ratio_level == "sequence" and per_token_advantages:
         raise ValueError("ratio_level 'sequence' (GSPO) needs one advantage per response, shape (N,), got "
                          f"{tuple(advantages.shape)}; use 'sequence_token' for per-token advantages")
-    _check_number(beta, "beta", ">= 0", _is_real(beta) and beta >= 0)
+    _check_number(beta, "beta", ">= 0", lambda v: v >= 0)
     if beta > 0:
         _check_same_shape(ref_logp, "ref_logp (needed when beta > 0)", logp, "logp", "(N, T)")
         ref_logp = ref_logp.detach()
@@ -397,7 +397,7 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
     _check_same_shape(teacher_logits, "teacher_logits", student_logits, "student_logits", "(N, T, V)")
     mask = _check_mask(mask, student_logits, "student_logits' first two dimensions")
     real = mask[:, :, None]  # (N, T, 1): padding logits -> 0 before log_softmax
-    zero = torch.zeros((), dtype=student_logits.dtype, device=student_logits.device)
+    zero = student_logits.new_zeros(())
     teacher_logp = torch.log_softmax(torch.where(real, teacher_logits.detach(), zero).float(), dim=-1)  # (N, T, V)
     student_logp = torch.log_softmax(torch.where(real, student_logits, zero).float(), dim=-1)  # (N, T, V)
     kl = (teacher_logp.exp() * (teacher_logp - student_logp)).sum(dim=-1)  # (N, T)
@@ -444,8 +444,8 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     """
     _check_tensor(sensitivity, "sensitivity", 2, "(N, T)")
     mask = _check_mask(mask, sensitivity, "sensitivity")
-    _check_number(strength, "strength", ">= 0", _is_real(strength) and strength >= 0)
-    _check_number(threshold, "threshold", "", _is_real(threshold))
+    _check_number(strength, "strength", ">= 0", lambda v: v >= 0)
+    _check_number(threshold, "threshold")
     bad = mask & ~(torch.isfinite(sensitivity) & (sensitivity >= 0))  # (N, T)
     if bad.any():
         raise ValueError(f"sensitivity must be finite and >= 0 on real tokens, got {sensitivity[bad][0].item()}")
@@ -477,7 +477,7 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_fraction: f
     """
     _check_tensor(entropy, "entropy", 2, "(N, T)")
     mask = _check_mask(mask, entropy, "entropy")
-    _check_number(top_fraction, "top_fraction", "in (0, 1]", _is_real(top_fraction) and 0 < top_fraction <= 1)
+    _check_number(top_fraction, "top_fraction", "in (0, 1]", lambda v: 0 < v <= 1)
     real = entropy[mask].float()  # (number of real tokens,)
     if real.numel() == 0:
         return torch.zeros(entropy.shape, device=entropy.device)
@@ -522,7 +522,7 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
     _check_tensor(d_pos, "d_pos", 2, "(N, T)")
     _check_same_shape(d_neg, "d_neg", d_pos, "d_pos", "(N, T)")
     mask = _check_mask(mask, d_pos, "d_pos")
-    _check_number(min_shift, "min_shift", ">= 0", _is_real(min_shift) and min_shift >= 0)
+    _check_number(min_shift, "min_shift", ">= 0", lambda v: v >= 0)
     sensitivity = counterfactual_sensitivity(d_pos, d_neg)  # (N, T)
     affected = mask & (sensitivity >= min_shift)  # (N, T)
     num_affected = affected.sum()
@@ -562,12 +562,10 @@ def _check_device(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) 
         raise ValueError(f"{name} must be on the device of {ref_name}, {ref.device}, got {x.device}")
 
 
-def _is_real(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _check_number(x, name: str, condition: str, ok: bool, finite: bool = True) -> None:
-    if not (ok and (math.isfinite(x) or not finite)):
+def _check_number(x, name: str, condition: str = "", test=lambda v: True, finite: bool = True) -> None:
+    """x must be a real number (not a bool) that passes test, and finite unless finite=False."""
+    real = isinstance(x, (int, float)) and not isinstance(x, bool)
+    if not (real and test(x) and (math.isfinite(x) or not finite)):
         raise ValueError(f"{name} must be a {'finite ' * finite}number{' ' * bool(condition)}{condition}, got {x!r}")
 
 
@@ -626,7 +624,7 @@ def _check_advantages(advantages, like: torch.Tensor, like_name: str) -> torch.T
 
 def _check_clip_range(eps_low: float, eps_high: float) -> None:
     for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
-        _check_number(eps, name, ">= 0", _is_real(eps) and eps >= 0, finite=False)
+        _check_number(eps, name, ">= 0", lambda v: v >= 0, finite=False)
 
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:

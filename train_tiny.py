@@ -419,13 +419,18 @@ def response_mask(responses: torch.Tensor, eos_id: int):
     return before_or_at_eos, is_eos.any(dim=1)
 
 
+def mask_positions(attention: torch.Tensor) -> torch.Tensor:
+    """Position ids numbered from the attention mask (n, L): left padding shifts no real token."""
+    return (attention.cumsum(dim=1) - 1).clamp(min=0)
+
+
 @torch.no_grad()
 def sample_tokens(model, ids, attention, max_new_tokens: int, greedy: bool, temperature: float, eos_id: int):
     """Sampling with the model's KV cache: softmax(logits / temperature), no top-k or top-p, as
     model.generate() samples, with less work per token; it stops once every row has written <eos>.
     ids, attention (n, P): left-padded prompts. Returns (tokens (n, T <= max_new_tokens), the logits that
     produced them (n, T, V)); tokens after a row's <eos> are arbitrary."""
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # (n, P): left padding does not shift positions
+    positions = mask_positions(attention)  # (n, P)
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
     next_position = positions[:, -1:] + 1  # (n, 1)
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
@@ -472,7 +477,7 @@ def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_l
     P, k = prompt_ids.shape[1], len(conds)
     ids = torch.cat([prompt_ids, responses.repeat(k, 1)], dim=1)  # (k n, P + T)
     attention = torch.cat([prompt_attention, mask.repeat(k, 1).long()], dim=1)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    positions = mask_positions(attention)  # as sample_tokens numbers them
     logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
     logits = logits[:, P - 1:P + T - 1] / args.temperature  # (k n, T, V): what each token was drawn from
     logp = tc.token_logprobs(logits, responses.repeat(k, 1))  # (k n, T)
