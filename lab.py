@@ -62,7 +62,8 @@ def format_start(start: dict, args) -> str:
                                                       "longest/shortest in a group", "groups with a truncated answer"))
     return (f"starting policy: held-out accuracy {start['accuracy']:.3f} greedy ({start['accuracy_misconception']:.3f} "
             f"where the misconception applies, {start['accuracy_other']:.3f} elsewhere), "
-            f"{start['sampled_accuracy']:.3f} sampled, mean length {start['length']:.1f} tokens "
+            f"{start['sampled_accuracy']:.3f} sampled ({start['sampled_accuracy_misconception']:.3f} where the misconception "
+            f"applies), mean length {start['length']:.1f} tokens "
             f"({args.eval_size} problems)\n{args.group_size} samples per held-out problem: {reach}")
 
 
@@ -73,7 +74,7 @@ def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
     """Held-out accuracy, greedy and as the mean over eval_samples samples at the rollout temperature
     (what RL maximises); greedy also split by whether the problem meets the misconception. Sampling
     draws from its own stream, so evaluating does not change the training run's."""
-    greedy, sampled, lengths = [], 0, []
+    greedy, sampled, lengths = [], [], []
     with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
         torch.manual_seed(args.warmup_seed + EVAL_SAMPLING_STREAM)
         for start in range(0, len(problems), 256):
@@ -82,12 +83,14 @@ def evaluate(model, tokenizer, args, problems, device) -> Dict[str, float]:
             greedy += tt.verify_all(chunk, texts, complete).tolist()
             lengths += mask.sum(dim=1).tolist()
             _, _, texts, complete = tt.generate(model, tokenizer, args, chunk, args.eval_samples, False, device)
-            sampled += int(tt.verify_all([t for t in chunk for _ in range(args.eval_samples)], texts, complete).sum())
+            right = tt.verify_all([t for t in chunk for _ in range(args.eval_samples)], texts, complete)
+            sampled += right.view(len(chunk), args.eval_samples).float().mean(dim=1).tolist()
     meets = [meets_misconception(t, args) for t in problems]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    return dict(accuracy=mean(greedy), sampled_accuracy=sampled / (len(problems) * args.eval_samples),
+    return dict(accuracy=mean(greedy), sampled_accuracy=mean(sampled),
                 length=mean(lengths), accuracy_misconception=mean([g for g, m in zip(greedy, meets) if m]),
-                accuracy_other=mean([g for g, m in zip(greedy, meets) if not m]))
+                accuracy_other=mean([g for g, m in zip(greedy, meets) if not m]),
+                sampled_accuracy_misconception=mean([x for x, m in zip(sampled, meets) if m]))
 
 
 def meets_misconception(terms: List[int], args) -> bool:
@@ -126,7 +129,7 @@ def summarise_run(label: str, seed: int, history: List[dict], start: dict, wall_
     over the first and last ten updates."""
     final = next((r for r in reversed(history) if "eval_accuracy" in r), None)
     end = {k: final[f"eval_{k}"] for k in ("accuracy", "sampled_accuracy", "length", "accuracy_misconception",
-                                            "accuracy_other")} if final else start
+                                            "accuracy_other", "sampled_accuracy_misconception")} if final else start
     trained = [r for r in history if "entropy" in r]
     summary = dict(method=label, seed=seed, start_accuracy=start["accuracy"],
                    start_sampled_accuracy=start["sampled_accuracy"], start_length=start["length"],
@@ -135,6 +138,8 @@ def summarise_run(label: str, seed: int, history: List[dict], start: dict, wall_
                    start_accuracy_misconception=start["accuracy_misconception"],
                    final_accuracy_misconception=end["accuracy_misconception"],
                    final_accuracy_other=end["accuracy_other"],
+                   start_sampled_accuracy_misconception=start["sampled_accuracy_misconception"],
+                   final_sampled_accuracy_misconception=end["sampled_accuracy_misconception"],
                    truncated_first10=mean_of(trained[:10], "truncated_frac"),
                    truncated_last10=mean_of(trained[-10:], "truncated_frac"),
                    length_wrong_last10=mean_of(trained[-10:], "length_wrong"), steps=len(history), wall_s=wall_s,
@@ -151,7 +156,8 @@ def mean_std(values: List[float]) -> tuple:
 
 SUMMARY_KEYS = ("start_accuracy", "final_accuracy", "start_sampled_accuracy", "final_sampled_accuracy", "final_length",
                 "entropy", "wall_s", "truncated_first10", "truncated_last10", "start_accuracy_misconception",
-                "final_accuracy_misconception", "final_accuracy_other", "length_wrong_last10")
+                "final_accuracy_misconception", "final_accuracy_other", "length_wrong_last10",
+                "final_sampled_accuracy_misconception")
 
 
 def summarise(runs: List[dict]) -> List[dict]:
