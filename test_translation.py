@@ -341,6 +341,100 @@ def test_verl_rloo_advantage():
     assert tc.group_advantages(torch.tensor([[0.7]]), scale="none", baseline="leave_one_out").item() == 0.0
 
 
+def verl_group_mean_std(scores, group_of, eps=1e-6):
+    """verl 0.8.0.dev verl/utils/groupwise.py group_mean_std, one group at a time: {group: (mean,
+    std)}, in float32. The variance comes from one pass over the sums (sum of squares minus the
+    squared sum over the count, over count - 1), floored at eps before the square root; a group
+    of one gets mean 0 and std 1."""
+    scores = scores.to(torch.float32)
+    stats = {}
+    for g in set(group_of):
+        members = [scores[i] for i in range(len(scores)) if group_of[i] == g]
+        n = float(len(members))
+        s1, s2 = torch.zeros(()), torch.zeros(())
+        for x in members:
+            s1, s2 = s1 + x, s2 + x * x
+        var = (s2 - s1 * s1 / max(n, 1.0)) / max(n - 1.0, 1.0)
+        if n <= 1:
+            stats[g] = (torch.tensor(0.0), torch.tensor(1.0))
+        else:
+            stats[g] = (s1 / n, torch.sqrt(torch.clamp(var, min=eps)))
+    return stats
+
+
+def verl_grpo_vectorized_advantage(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    """verl 0.8.0.dev core_algos.py compute_grpo_vectorized_outcome_advantage, on the scores. The
+    trainer (ray_trainer.py compute_advantage) calls it with neither epsilon nor
+    norm_adv_by_std_in_grpo, so their defaults hold there."""
+    stats = verl_group_mean_std(scores, index, eps=epsilon)
+    out = torch.empty(len(scores))
+    for i in range(len(scores)):
+        mean, std = stats[index[i]]
+        centred = scores[i].to(torch.float32) - mean
+        out[i] = centred / (std + epsilon) if norm_adv_by_std_in_grpo else centred
+    return out
+
+
+def verl_rloo_vectorized_advantage(scores, index):
+    """verl 0.8.0.dev core_algos.py compute_rloo_vectorized_outcome_advantage, one response at a
+    time: (c r_i - group sum) / max(c - 1, 1) where the group has c > 1 responses, else 0."""
+    out = torch.empty_like(scores)
+    for i in range(len(scores)):
+        group = [scores[j] for j in range(len(scores)) if index[j] == index[i]]
+        c = len(group)
+        out[i] = (c * scores[i] - sum(group)) / max(c - 1, 1) if c > 1 else 0.0
+    return out
+
+
+@pytest.mark.parametrize("epsilon", [1e-6, 0.1], ids=["eps1e-6", "eps0.1"])
+def test_verl_grpo_vectorized_advantage(epsilon):
+    # REWARDS' two informative groups have variances 1/3 and 0.44, above either eps: exact
+    B, G = REWARDS.shape
+    index = [b for b in range(B) for _ in range(G)]
+    theirs = verl_grpo_vectorized_advantage(REWARDS.flatten(), index, epsilon)
+    same(tc.group_advantages(REWARDS, scale="std", eps=epsilon).flatten(), theirs)
+
+
+def test_verl_grpo_vectorized_advantage_where_it_differs():
+    # a group of one: r / (1 + eps), like the loop; tokencredit gives 0
+    r = torch.tensor([[0.7]])
+    same(verl_grpo_vectorized_advantage(r.flatten(), [0]), 0.7 / (1 + 1e-6))
+    same(verl_grpo_outcome_advantage(r.flatten(), [0]), 0.7 / (1 + 1e-6))
+    assert tc.group_advantages(r).item() == 0.0
+    # eight equal float32 rewards of 0.1: the mean rounds. The loop divides that rounding error
+    # by eps (plus a std of rounding error), the variance floor divides it by sqrt(eps) + eps
+    r = torch.full((1, 8), 0.1)
+    loop = verl_grpo_outcome_advantage(r.flatten(), [0] * 8)
+    vectorized = verl_grpo_vectorized_advantage(r.flatten(), [0] * 8)
+    assert torch.allclose(loop, torch.full((8,), -0.0074), rtol=0.01)
+    assert torch.allclose(vectorized, torch.full((8,), -7.4e-6), rtol=0.01)
+    assert (tc.group_advantages(r) == 0).all()
+    # a spread group whose variance is under eps: floored, so not its own std
+    r = torch.tensor([[0.5, 0.5001, 0.5, 0.5001]])  # variance 3.3e-9 < 1e-6
+    ours = tc.group_advantages(r).flatten()
+    vectorized = verl_grpo_vectorized_advantage(r.flatten(), [0] * 4)
+    same(ours, verl_grpo_outcome_advantage(r.flatten(), [0] * 4))
+    same(vectorized, (r.flatten() - r.mean()) / (math.sqrt(1e-6) + 1e-6), rtol=1e-3)
+    assert (ours.abs() > 0.8).all() and (vectorized.abs() < 0.06).all()
+    # a large mean against the spread: the one-pass float32 variance loses digits
+    r = 1000 + torch.tensor([[0.0, 0.5, 1.0, 0.25]])
+    ours = tc.group_advantages(r).flatten()
+    same(ours, verl_grpo_outcome_advantage(r.flatten(), [0] * 4))
+    differ(verl_grpo_vectorized_advantage(r.flatten(), [0] * 4)[0], ours[0], rel=0.01)
+
+
+def test_verl_rloo_vectorized_advantage():
+    B, G = REWARDS.shape
+    index = [b for b in range(B) for _ in range(G)]
+    theirs = verl_rloo_vectorized_advantage(REWARDS.flatten(), index)
+    same(tc.group_advantages(REWARDS, scale="none", baseline="leave_one_out").flatten(), theirs)
+    # a group of one: 0 there as here, where the loop (compute_rloo_outcome_advantage) keeps r
+    r = torch.tensor([0.7])
+    assert verl_rloo_vectorized_advantage(r, [0]).item() == 0.0
+    assert tc.group_advantages(r[None], scale="none", baseline="leave_one_out").item() == 0.0
+    same(verl_rloo_outcome_advantage(r, [0]), 0.7)
+
+
 # --- policy losses
 
 def verl_vanilla_pg_losses(old_log_prob, log_prob, advantages, clip_ratio_low=0.2, clip_ratio_high=0.2,
