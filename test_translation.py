@@ -479,12 +479,13 @@ def test_verl_vanilla_policy_loss(loss_agg_mode, mode):
 
 
 def verl_low_var_kl(logprob, ref_logprob):
-    """verl 0.8.0.dev core_algos.py kl_penalty(..., "low_var_kl"), actor.kl_loss_type's default, per token."""
+    """verl 0.8.0.dev core_algos.py kl_penalty(..., "low_var_kl"), actor.kl_loss_type's default, per
+    token (tensor arithmetic, so that the gradient flows to logprob)."""
     out = torch.empty_like(logprob)
     for i in range(logprob.shape[0]):
         for t in range(logprob.shape[1]):
-            kl = min(max(float(ref_logprob[i, t] - logprob[i, t]), -20.0), 20.0)
-            out[i, t] = min(max(math.exp(kl) - kl - 1, -10.0), 10.0)
+            kl = torch.clamp(ref_logprob[i, t] - logprob[i, t], -20.0, 20.0)
+            out[i, t] = torch.clamp(torch.exp(kl) - kl - 1, -10.0, 10.0)
     return out
 
 
@@ -539,6 +540,40 @@ def test_verl_gspo(per_token):
     for level in levels:
         same_value_and_grad(lambda lp: tc.policy_loss(lp, old, ours_A, mask, mode="sample", eps_low=GSPO_EPS_LOW,
                                                       eps_high=GSPO_EPS_HIGH, ratio_level=level)[0], theirs, logp)
+
+
+def test_verl_kl_loss_under_gspo_is_aggregated_apart_from_the_policy_term():
+    # default worker, one micro-batch, one process, loss_agg_mode "token-mean" (the default): the
+    # gspo policy term is seq-mean-token-mean regardless, the KL term follows loss_agg_mode
+    logp, old, A, mask = gspo_batch([9, 4, 7, 2, 8, 6], seed=26)
+    check_gspo_data_clips_both_ways(logp, old, A, mask)
+    ref = old + 0.6 * torch.randn(old.shape, generator=torch.Generator().manual_seed(27), dtype=F64)
+    kl_loss_coef = 0.1  # large enough that the two aggregations of the KL term differ by 1 %
+    assert tc.kl_k3(logp, ref)[mask].max() < 10
+    A_tok = A[:, None].expand_as(logp)
+    clip = dict(eps_low=GSPO_EPS_LOW, eps_high=GSPO_EPS_HIGH)
+
+    def theirs(loss_agg_mode):
+        return lambda lp: (
+            verl_gspo_loss(old, lp, A_tok, mask, loss_agg_mode, GSPO_EPS_LOW, GSPO_EPS_HIGH)
+            + kl_loss_coef * verl_agg_loss(verl_low_var_kl(lp, ref), mask, loss_agg_mode))
+
+    def ours(lp):
+        policy = tc.policy_loss(lp, old, A, mask, mode="sample", ratio_level="sequence_token",
+                                **clip)[0]
+        return policy + kl_loss_coef * tc.aggregate(tc.kl_k3(lp, ref), mask, "token")
+
+    def one_call(lp):  # one aggregation for both terms
+        return tc.policy_loss(lp, old, A, mask, mode="sample", ratio_level="sequence_token",
+                              ref_logp=ref, beta=kl_loss_coef, **clip)[0]
+
+    same_value_and_grad(ours, theirs("token-mean"), logp)
+    v_one, g_one = value_and_grad(one_call, logp)
+    v_theirs, g_theirs = value_and_grad(theirs("token-mean"), logp)
+    differ(v_one, v_theirs, rel=0.01)
+    assert (g_one - g_theirs).abs().max() > 1e-3 * g_theirs.abs().max()
+    # with loss_agg_mode "seq-mean-token-mean" both terms share it, and the one call is exact
+    same_value_and_grad(one_call, theirs("seq-mean-token-mean"), logp)
 
 
 def verl_cispo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio_low, clip_ratio_high):
