@@ -870,14 +870,71 @@ def test_trl_top_entropy_quantile():
         logp)
 
 
-def test_trl_vllm_importance_sampling_correction():
-    # the clipped surrogate scales with A (w >= 0): -min(rho A, clip(rho) A) w = -min(rho wA, clip(rho) wA)
+def trl_vllm_importance_sampling_ratio(old_per_token_logps, sampling_per_token_logps, mask, mode,
+                                      clip_min=None, clip_max=3.0):
+    """TRL 1.16.0 GRPOTrainer._generate_and_score_completions, use_vllm with
+    vllm_importance_sampling_correction: the ratio of the trainer's log-probs (before the update)
+    to vLLM's, one completion at a time. "token_*" modes give (N, T); "sequence_*" modes one ratio
+    per completion, (N, 1), from the summed log-ratio. "*_truncate" clamps it to [clip_min,
+    clip_max]; "*_mask" sets it to 0 outside (a missing bound is no bound). Defaults as
+    GRPOConfig's: mode "sequence_mask", clip_max 3.0, clip_min None."""
+    N, T = mask.shape
+    sequence_level = mode in ("sequence_mask", "sequence_truncate")
+    out = torch.empty((N, 1) if sequence_level else (N, T), dtype=old_per_token_logps.dtype)
+    lo = -math.inf if clip_min is None else clip_min
+    hi = math.inf if clip_max is None else clip_max
+    for i in range(N):
+        diff = (old_per_token_logps[i] - sampling_per_token_logps[i]) * mask[i]
+        diff = torch.nan_to_num(diff, nan=0.0)  # a NaN sampling log-prob: ratio 1
+        ratios = torch.exp(diff.sum(-1, keepdim=True)) if sequence_level else torch.exp(diff)
+        if mode.endswith("_truncate"):
+            ratios = torch.clamp(ratios, min=clip_min, max=clip_max)
+        else:
+            ratios = torch.where((ratios < lo) | (ratios > hi), torch.zeros_like(ratios), ratios)
+        out[i] = ratios
+    return out
+
+
+VLLM_IS_MODES = ["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"]
+
+
+@pytest.mark.parametrize("mode", VLLM_IS_MODES)
+def test_trl_vllm_importance_sampling_correction(mode):
+    # the clipped surrogate scales with A (w >= 0): -min(rho A, clip(rho) A) w
+    # = -min(rho wA, clip(rho) wA)
     logp, old, A, mask = trl_batch()
-    is_ratio = 0.5 + torch.rand(logp.shape, generator=torch.Generator().manual_seed(25), dtype=F64)
-    same_value_and_grad(
-        lambda lp: tc.policy_loss(lp, old, tc.token_advantages(A, is_ratio), mask, mode="token")[0],
-        lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo", importance_sampling_ratio=is_ratio),
-        logp)
+    N, T = mask.shape
+    g = torch.Generator().manual_seed(25)
+    sampling = old + 0.6 * torch.randn(old.shape, generator=g, dtype=F64)  # vLLM's log-probs
+    ref = old + 0.3 * torch.randn(old.shape, generator=g, dtype=F64)
+    w = trl_vllm_importance_sampling_ratio(old, sampling, mask, mode)
+    sequence_level = mode.startswith("sequence")
+    assert w.shape == ((N, 1) if sequence_level else (N, T))
+    real = mask.any(-1)[:, None] if sequence_level else mask
+    bounded = (w[real] == 0) if mode.endswith("_mask") else (w[real] == 3.0)
+    assert bounded.any() and (~bounded).any() and (w[real] != 1).all()  # the bound acts on some
+    kl = dict(beta=0.04, ref=ref, use_bias_correction_kl=False)  # the KL term is not weighted
+    theirs = lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo",
+                                                importance_sampling_ratio=w, **kl)
+    weighted = [tc.token_advantages(A, w.expand(N, T))]
+    if sequence_level:
+        weighted.append(A * w[:, 0])  # one weight per completion: (N,) advantages work too
+    for A_w in weighted:
+        same_value_and_grad(
+            lambda lp: tc.policy_loss(lp, old, A_w, mask, mode="token", ref_logp=ref, beta=0.04)[0],
+            theirs, logp)
+    if sequence_level:
+        # GSPO's sequence ratio needs (N,) advantages: A * w[:, 0]
+        same_value_and_grad(
+            lambda lp: tc.policy_loss(lp, old, A * w[:, 0], mask, mode="token",
+                                      ratio_level="sequence")[0],
+            lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo",
+                                               importance_sampling_ratio=w,
+                                               importance_sampling_level="sequence"),
+            logp)
+        # unexpanded, the (N, 1) ratio is not (N, T) advantages
+        with pytest.raises(ValueError, match="advantages must have the same shape as logp"):
+            tc.policy_loss(logp, old, tc.token_advantages(A, w), mask, mode="token")
 
 
 # --- advantages
