@@ -828,13 +828,17 @@ def test_trl_sapo_not_here_but_its_on_policy_gradient_is_grpo():
 
 # --- top_entropy_quantile
 
-def trl_entropy(logits):
-    """The entropy TRL's entropy_from_logits returns, -sum_v p log p, one position at a time."""
+def trl_entropy(logits, temperature):
+    """The entropies GRPOTrainer._compute_loss gets from TRL 1.16.0's fused LM head
+    (trl/trainer/utils.py add_fused_lm_head, given args.temperature;
+    trl/kernels/chunked_logprob.py):
+    -sum_v p log p of softmax(logits / temperature), one position at a time. logits: the model's
+    own output logits (the head applies the model's logit scale and softcap first)."""
     N, T, _ = logits.shape
     out = torch.empty(N, T)
     for i in range(N):
         for t in range(T):
-            logp = torch.log_softmax(logits[i, t].float(), dim=-1)
+            logp = torch.log_softmax(logits[i, t].float() / temperature, dim=-1)
             out[i, t] = -(logp.exp() * logp).sum()
     return out
 
@@ -855,10 +859,16 @@ def test_trl_top_entropy_quantile():
     g = torch.Generator().manual_seed(24)
     logits = torch.randn(N, T, 11, generator=g) * (0.3 + 3 * torch.rand(N, T, 1, generator=g))
     top_entropy_quantile = 0.2
-    entropy = tc.token_entropy(logits)
-    same(entropy, trl_entropy(logits))
-    theirs_mask = trl_high_entropy_mask(entropy, mask, 1 - top_entropy_quantile)  # TRL passes 1 - quantile
+    temperature = 0.5  # GRPOConfig.temperature: TRL's entropies are those of logits / temperature
+    theirs_entropy = trl_entropy(logits, temperature)
+    theirs_mask = trl_high_entropy_mask(theirs_entropy, mask, 1 - top_entropy_quantile)  # 1 - q
+    entropy = tc.token_entropy(logits / temperature)
+    same(entropy, theirs_entropy)
     keep = tc.high_entropy_mask(entropy, mask, top_fraction=top_entropy_quantile)
+    # the temperature matters: without it other tokens are kept
+    without = tc.high_entropy_mask(tc.token_entropy(logits), mask,
+                                   top_fraction=top_entropy_quantile)
+    assert not torch.equal(without.bool(), theirs_mask)
     assert (entropy[mask] == torch.quantile(entropy[mask], 1 - top_entropy_quantile)).any()
     assert torch.equal(keep.bool(), theirs_mask) and 0 < keep.sum() < mask.sum()
     ref = old + 0.3 * torch.randn(old.shape, generator=g, dtype=F64)
