@@ -984,6 +984,15 @@ def test_trl_advantages(scale_rewards, scale):
         assert 5e-5 < abs(float(ours_default[k] / theirs[k]) - 1) < 1e-3
 
 
+def test_trl_group_scale_where_it_differs():
+    # eight equal float32 rewards of 0.1: the mean rounds, and TRL divides that rounding error (over
+    # a std of rounding error) by about 1e-4; tokencredit gives exactly 0
+    r = torch.full((1, 8), 0.1)
+    theirs = trl_grpo_advantages(r.flatten(), 8, "group")
+    assert torch.allclose(theirs, torch.full((8,), -7.45e-5), rtol=0.01)
+    assert (tc.group_advantages(r, scale="std", eps=1e-4) == 0).all()
+
+
 def trl_rloo_advantages(rewards, num_generations):
     """TRL 1.16.0 trl/trainer/rloo_trainer.py RLOOTrainer._generate_and_score_completions, beta
     folded into the rewards beforehand, normalize_advantages False (the default)."""
