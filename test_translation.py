@@ -1119,6 +1119,15 @@ def test_course_group_of_one_is_nan_there_and_zero_here():
     assert math.isnan(theirs.item()) and tc.group_advantages(torch.tensor([[0.7]])).item() == 0.0
 
 
+def test_course_all_equal_group_where_it_differs():
+    # eight equal float32 rewards of 0.1: the documented formula with torch's mean and std divides
+    # the mean's rounding error by about advantage_eps, as verl's loop does; tokencredit gives 0
+    r = torch.full((1, 8), 0.1)
+    theirs = compute_group_normalized_rewards(r.flatten(), 8, 1e-6, True)
+    assert torch.allclose(theirs, torch.full((8,), -0.0074), rtol=0.01)
+    assert (tc.group_advantages(r, scale="std", eps=1e-6) == 0).all()
+
+
 def test_course_per_token_losses():
     _, logp, old, A, mask = make_batch([9, 2, 5, 6, 4, 8], 9, seed=32)
     raw_rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0], dtype=F64)
