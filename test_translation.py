@@ -511,9 +511,12 @@ def test_verl_kl_loss_in_the_policy_loss():
     same(tc.policy_loss(logp, old, A, mask, mode="token", ref_logp=ref, beta=kl_loss_coef)[0], theirs)
 
 
-def verl_gspo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio_low, clip_ratio_high):
+def verl_gspo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                   clip_ratio_low, clip_ratio_high, agg=verl_agg_loss):
     """verl 0.8.0.dev core_algos.py compute_policy_loss_gspo, then agg_loss as it calls it: with
-    "seq-mean-token-mean" whatever loss_agg_mode says. advantages (N, T)."""
+    "seq-mean-token-mean" whatever loss_agg_mode says. advantages (N, T). agg(loss_mat, mask, mode):
+    one micro-batch's agg_loss by default; each row's losses depend on that row only, so a
+    worker's split into micro-batches can be applied to the whole matrix."""
     rows = []
     for i in range(log_prob.shape[0]):
         n = response_mask[i].sum().clamp(min=1)
@@ -524,7 +527,7 @@ def verl_gspo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_m
         loss1 = -advantages[i] * ratio
         loss2 = -advantages[i] * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
         rows.append(torch.maximum(loss1, loss2))
-    return verl_agg_loss(torch.stack(rows), response_mask, "seq-mean-token-mean")
+    return agg(torch.stack(rows), response_mask, "seq-mean-token-mean")
 
 
 @pytest.mark.parametrize("per_token", [False, True], ids=["A-per-response", "A-per-token"])
@@ -543,8 +546,8 @@ def test_verl_gspo(per_token):
 
 
 def test_verl_kl_loss_under_gspo_is_aggregated_apart_from_the_policy_term():
-    # default worker, one micro-batch, one process, loss_agg_mode "token-mean" (the default): the
-    # gspo policy term is seq-mean-token-mean regardless, the KL term follows loss_agg_mode
+    # loss_agg_mode "token-mean" (the default): the gspo policy term is seq-mean-token-mean
+    # regardless, the KL term follows loss_agg_mode. Default worker: one micro-batch, one process
     logp, old, A, mask = gspo_batch([9, 4, 7, 2, 8, 6], seed=26)
     check_gspo_data_clips_both_ways(logp, old, A, mask)
     ref = old + 0.6 * torch.randn(old.shape, generator=torch.Generator().manual_seed(27), dtype=F64)
@@ -553,10 +556,10 @@ def test_verl_kl_loss_under_gspo_is_aggregated_apart_from_the_policy_term():
     A_tok = A[:, None].expand_as(logp)
     clip = dict(eps_low=GSPO_EPS_LOW, eps_high=GSPO_EPS_HIGH)
 
-    def theirs(loss_agg_mode):
+    def theirs(loss_agg_mode, agg=verl_agg_loss):
         return lambda lp: (
-            verl_gspo_loss(old, lp, A_tok, mask, loss_agg_mode, GSPO_EPS_LOW, GSPO_EPS_HIGH)
-            + kl_loss_coef * verl_agg_loss(verl_low_var_kl(lp, ref), mask, loss_agg_mode))
+            verl_gspo_loss(old, lp, A_tok, mask, loss_agg_mode, GSPO_EPS_LOW, GSPO_EPS_HIGH, agg)
+            + kl_loss_coef * agg(verl_low_var_kl(lp, ref), mask, loss_agg_mode))
 
     def ours(lp):
         policy = tc.policy_loss(lp, old, A, mask, mode="sample", ratio_level="sequence_token",
@@ -574,6 +577,9 @@ def test_verl_kl_loss_under_gspo_is_aggregated_apart_from_the_policy_term():
     assert (g_one - g_theirs).abs().max() > 1e-3 * g_theirs.abs().max()
     # with loss_agg_mode "seq-mean-token-mean" both terms share it, and the one call is exact
     same_value_and_grad(one_call, theirs("seq-mean-token-mean"), logp)
+    # the new engine (losses.py ppo_loss), 2 processes x 3 micro-batches: the same two terms
+    new_engine = lambda mat, m, mode: verl_new_engine_loss(mat, m, mode, micro_batch_rows=1, dp=2)
+    same_value_and_grad(ours, theirs("token-mean", new_engine), logp)
 
 
 def verl_cispo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio_low, clip_ratio_high):
