@@ -341,6 +341,100 @@ def test_verl_rloo_advantage():
     assert tc.group_advantages(torch.tensor([[0.7]]), scale="none", baseline="leave_one_out").item() == 0.0
 
 
+def verl_group_mean_std(scores, group_of, eps=1e-6):
+    """verl 0.8.0.dev verl/utils/groupwise.py group_mean_std, one group at a time: {group: (mean,
+    std)}, in float32. The variance comes from one pass over the sums (sum of squares minus the
+    squared sum over the count, over count - 1), floored at eps before the square root; a group
+    of one gets mean 0 and std 1."""
+    scores = scores.to(torch.float32)
+    stats = {}
+    for g in set(group_of):
+        members = [scores[i] for i in range(len(scores)) if group_of[i] == g]
+        n = float(len(members))
+        s1, s2 = torch.zeros(()), torch.zeros(())
+        for x in members:
+            s1, s2 = s1 + x, s2 + x * x
+        var = (s2 - s1 * s1 / max(n, 1.0)) / max(n - 1.0, 1.0)
+        if n <= 1:
+            stats[g] = (torch.tensor(0.0), torch.tensor(1.0))
+        else:
+            stats[g] = (s1 / n, torch.sqrt(torch.clamp(var, min=eps)))
+    return stats
+
+
+def verl_grpo_vectorized_advantage(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    """verl 0.8.0.dev core_algos.py compute_grpo_vectorized_outcome_advantage, on the scores. The
+    trainer (ray_trainer.py compute_advantage) calls it with neither epsilon nor
+    norm_adv_by_std_in_grpo, so their defaults hold there."""
+    stats = verl_group_mean_std(scores, index, eps=epsilon)
+    out = torch.empty(len(scores))
+    for i in range(len(scores)):
+        mean, std = stats[index[i]]
+        centred = scores[i].to(torch.float32) - mean
+        out[i] = centred / (std + epsilon) if norm_adv_by_std_in_grpo else centred
+    return out
+
+
+def verl_rloo_vectorized_advantage(scores, index):
+    """verl 0.8.0.dev core_algos.py compute_rloo_vectorized_outcome_advantage, one response at a
+    time: (c r_i - group sum) / max(c - 1, 1) where the group has c > 1 responses, else 0."""
+    out = torch.empty_like(scores)
+    for i in range(len(scores)):
+        group = [scores[j] for j in range(len(scores)) if index[j] == index[i]]
+        c = len(group)
+        out[i] = (c * scores[i] - sum(group)) / max(c - 1, 1) if c > 1 else 0.0
+    return out
+
+
+@pytest.mark.parametrize("epsilon", [1e-6, 0.1], ids=["eps1e-6", "eps0.1"])
+def test_verl_grpo_vectorized_advantage(epsilon):
+    # REWARDS' two informative groups have variances 1/3 and 0.44, above either eps: exact
+    B, G = REWARDS.shape
+    index = [b for b in range(B) for _ in range(G)]
+    theirs = verl_grpo_vectorized_advantage(REWARDS.flatten(), index, epsilon)
+    same(tc.group_advantages(REWARDS, scale="std", eps=epsilon).flatten(), theirs)
+
+
+def test_verl_grpo_vectorized_advantage_where_it_differs():
+    # a group of one: r / (1 + eps), like the loop; tokencredit gives 0
+    r = torch.tensor([[0.7]])
+    same(verl_grpo_vectorized_advantage(r.flatten(), [0]), 0.7 / (1 + 1e-6))
+    same(verl_grpo_outcome_advantage(r.flatten(), [0]), 0.7 / (1 + 1e-6))
+    assert tc.group_advantages(r).item() == 0.0
+    # eight equal float32 rewards of 0.1: the mean rounds. The loop divides that rounding error
+    # by eps (plus a std of rounding error), the variance floor divides it by sqrt(eps) + eps
+    r = torch.full((1, 8), 0.1)
+    loop = verl_grpo_outcome_advantage(r.flatten(), [0] * 8)
+    vectorized = verl_grpo_vectorized_advantage(r.flatten(), [0] * 8)
+    assert torch.allclose(loop, torch.full((8,), -0.0074), rtol=0.01)
+    assert torch.allclose(vectorized, torch.full((8,), -7.4e-6), rtol=0.01)
+    assert (tc.group_advantages(r) == 0).all()
+    # a spread group whose variance is under eps: floored, so not its own std
+    r = torch.tensor([[0.5, 0.5001, 0.5, 0.5001]])  # variance 3.3e-9 < 1e-6
+    ours = tc.group_advantages(r).flatten()
+    vectorized = verl_grpo_vectorized_advantage(r.flatten(), [0] * 4)
+    same(ours, verl_grpo_outcome_advantage(r.flatten(), [0] * 4))
+    same(vectorized, (r.flatten() - r.mean()) / (math.sqrt(1e-6) + 1e-6), rtol=1e-3)
+    assert (ours.abs() > 0.8).all() and (vectorized.abs() < 0.06).all()
+    # a large mean against the spread: the one-pass float32 variance loses digits
+    r = 1000 + torch.tensor([[0.0, 0.5, 1.0, 0.25]])
+    ours = tc.group_advantages(r).flatten()
+    same(ours, verl_grpo_outcome_advantage(r.flatten(), [0] * 4))
+    differ(verl_grpo_vectorized_advantage(r.flatten(), [0] * 4)[0], ours[0], rel=0.01)
+
+
+def test_verl_rloo_vectorized_advantage():
+    B, G = REWARDS.shape
+    index = [b for b in range(B) for _ in range(G)]
+    theirs = verl_rloo_vectorized_advantage(REWARDS.flatten(), index)
+    same(tc.group_advantages(REWARDS, scale="none", baseline="leave_one_out").flatten(), theirs)
+    # a group of one: 0 there as here, where the loop (compute_rloo_outcome_advantage) keeps r
+    r = torch.tensor([0.7])
+    assert verl_rloo_vectorized_advantage(r, [0]).item() == 0.0
+    assert tc.group_advantages(r[None], scale="none", baseline="leave_one_out").item() == 0.0
+    same(verl_rloo_outcome_advantage(r, [0]), 0.7)
+
+
 # --- policy losses
 
 def verl_vanilla_pg_losses(old_log_prob, log_prob, advantages, clip_ratio_low=0.2, clip_ratio_high=0.2,
@@ -385,12 +479,13 @@ def test_verl_vanilla_policy_loss(loss_agg_mode, mode):
 
 
 def verl_low_var_kl(logprob, ref_logprob):
-    """verl 0.8.0.dev core_algos.py kl_penalty(..., "low_var_kl"), actor.kl_loss_type's default, per token."""
+    """verl 0.8.0.dev core_algos.py kl_penalty(..., "low_var_kl"), actor.kl_loss_type's default, per
+    token (tensor arithmetic, so that the gradient flows to logprob)."""
     out = torch.empty_like(logprob)
     for i in range(logprob.shape[0]):
         for t in range(logprob.shape[1]):
-            kl = min(max(float(ref_logprob[i, t] - logprob[i, t]), -20.0), 20.0)
-            out[i, t] = min(max(math.exp(kl) - kl - 1, -10.0), 10.0)
+            kl = torch.clamp(ref_logprob[i, t] - logprob[i, t], -20.0, 20.0)
+            out[i, t] = torch.clamp(torch.exp(kl) - kl - 1, -10.0, 10.0)
     return out
 
 
@@ -416,9 +511,12 @@ def test_verl_kl_loss_in_the_policy_loss():
     same(tc.policy_loss(logp, old, A, mask, mode="token", ref_logp=ref, beta=kl_loss_coef)[0], theirs)
 
 
-def verl_gspo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio_low, clip_ratio_high):
+def verl_gspo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                   clip_ratio_low, clip_ratio_high, agg=verl_agg_loss):
     """verl 0.8.0.dev core_algos.py compute_policy_loss_gspo, then agg_loss as it calls it: with
-    "seq-mean-token-mean" whatever loss_agg_mode says. advantages (N, T)."""
+    "seq-mean-token-mean" whatever loss_agg_mode says. advantages (N, T). agg(loss_mat, mask, mode):
+    one micro-batch's agg_loss by default; each row's losses depend on that row only, so a
+    worker's split into micro-batches can be applied to the whole matrix."""
     rows = []
     for i in range(log_prob.shape[0]):
         n = response_mask[i].sum().clamp(min=1)
@@ -429,7 +527,7 @@ def verl_gspo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_m
         loss1 = -advantages[i] * ratio
         loss2 = -advantages[i] * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
         rows.append(torch.maximum(loss1, loss2))
-    return verl_agg_loss(torch.stack(rows), response_mask, "seq-mean-token-mean")
+    return agg(torch.stack(rows), response_mask, "seq-mean-token-mean")
 
 
 @pytest.mark.parametrize("per_token", [False, True], ids=["A-per-response", "A-per-token"])
@@ -445,6 +543,43 @@ def test_verl_gspo(per_token):
     for level in levels:
         same_value_and_grad(lambda lp: tc.policy_loss(lp, old, ours_A, mask, mode="sample", eps_low=GSPO_EPS_LOW,
                                                       eps_high=GSPO_EPS_HIGH, ratio_level=level)[0], theirs, logp)
+
+
+def test_verl_kl_loss_under_gspo_is_aggregated_apart_from_the_policy_term():
+    # loss_agg_mode "token-mean" (the default): the gspo policy term is seq-mean-token-mean
+    # regardless, the KL term follows loss_agg_mode. Default worker: one micro-batch, one process
+    logp, old, A, mask = gspo_batch([9, 4, 7, 2, 8, 6], seed=26)
+    check_gspo_data_clips_both_ways(logp, old, A, mask)
+    ref = old + 0.6 * torch.randn(old.shape, generator=torch.Generator().manual_seed(27), dtype=F64)
+    kl_loss_coef = 0.1  # large enough that the two aggregations of the KL term differ by 1 %
+    assert tc.kl_k3(logp, ref)[mask].max() < 10
+    A_tok = A[:, None].expand_as(logp)
+    clip = dict(eps_low=GSPO_EPS_LOW, eps_high=GSPO_EPS_HIGH)
+
+    def theirs(loss_agg_mode, agg=verl_agg_loss):
+        return lambda lp: (
+            verl_gspo_loss(old, lp, A_tok, mask, loss_agg_mode, GSPO_EPS_LOW, GSPO_EPS_HIGH, agg)
+            + kl_loss_coef * agg(verl_low_var_kl(lp, ref), mask, loss_agg_mode))
+
+    def ours(lp):
+        policy = tc.policy_loss(lp, old, A, mask, mode="sample", ratio_level="sequence_token",
+                                **clip)[0]
+        return policy + kl_loss_coef * tc.aggregate(tc.kl_k3(lp, ref), mask, "token")
+
+    def one_call(lp):  # one aggregation for both terms
+        return tc.policy_loss(lp, old, A, mask, mode="sample", ratio_level="sequence_token",
+                              ref_logp=ref, beta=kl_loss_coef, **clip)[0]
+
+    same_value_and_grad(ours, theirs("token-mean"), logp)
+    v_one, g_one = value_and_grad(one_call, logp)
+    v_theirs, g_theirs = value_and_grad(theirs("token-mean"), logp)
+    differ(v_one, v_theirs, rel=0.01)
+    assert (g_one - g_theirs).abs().max() > 1e-3 * g_theirs.abs().max()
+    # with loss_agg_mode "seq-mean-token-mean" both terms share it, and the one call is exact
+    same_value_and_grad(one_call, theirs("seq-mean-token-mean"), logp)
+    # the new engine (losses.py ppo_loss), 2 processes x 3 micro-batches: the same two terms
+    new_engine = lambda mat, m, mode: verl_new_engine_loss(mat, m, mode, micro_batch_rows=1, dp=2)
+    same_value_and_grad(ours, theirs("token-mean", new_engine), logp)
 
 
 def verl_cispo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio_low, clip_ratio_high):
@@ -699,13 +834,17 @@ def test_trl_sapo_not_here_but_its_on_policy_gradient_is_grpo():
 
 # --- top_entropy_quantile
 
-def trl_entropy(logits):
-    """The entropy TRL's entropy_from_logits returns, -sum_v p log p, one position at a time."""
+def trl_entropy(logits, temperature):
+    """The entropies GRPOTrainer._compute_loss gets from TRL 1.16.0's fused LM head
+    (trl/trainer/utils.py add_fused_lm_head, given args.temperature;
+    trl/kernels/chunked_logprob.py):
+    -sum_v p log p of softmax(logits / temperature), one position at a time. logits: the model's
+    own output logits (the head applies the model's logit scale and softcap first)."""
     N, T, _ = logits.shape
     out = torch.empty(N, T)
     for i in range(N):
         for t in range(T):
-            logp = torch.log_softmax(logits[i, t].float(), dim=-1)
+            logp = torch.log_softmax(logits[i, t].float() / temperature, dim=-1)
             out[i, t] = -(logp.exp() * logp).sum()
     return out
 
@@ -726,10 +865,16 @@ def test_trl_top_entropy_quantile():
     g = torch.Generator().manual_seed(24)
     logits = torch.randn(N, T, 11, generator=g) * (0.3 + 3 * torch.rand(N, T, 1, generator=g))
     top_entropy_quantile = 0.2
-    entropy = tc.token_entropy(logits)
-    same(entropy, trl_entropy(logits))
-    theirs_mask = trl_high_entropy_mask(entropy, mask, 1 - top_entropy_quantile)  # TRL passes 1 - quantile
+    temperature = 0.5  # GRPOConfig.temperature: TRL's entropies are those of logits / temperature
+    theirs_entropy = trl_entropy(logits, temperature)
+    theirs_mask = trl_high_entropy_mask(theirs_entropy, mask, 1 - top_entropy_quantile)  # 1 - q
+    entropy = tc.token_entropy(logits / temperature)
+    same(entropy, theirs_entropy)
     keep = tc.high_entropy_mask(entropy, mask, top_fraction=top_entropy_quantile)
+    # the temperature matters: without it other tokens are kept
+    without = tc.high_entropy_mask(tc.token_entropy(logits), mask,
+                                   top_fraction=top_entropy_quantile)
+    assert not torch.equal(without.bool(), theirs_mask)
     assert (entropy[mask] == torch.quantile(entropy[mask], 1 - top_entropy_quantile)).any()
     assert torch.equal(keep.bool(), theirs_mask) and 0 < keep.sum() < mask.sum()
     ref = old + 0.3 * torch.randn(old.shape, generator=g, dtype=F64)
@@ -741,14 +886,71 @@ def test_trl_top_entropy_quantile():
         logp)
 
 
-def test_trl_vllm_importance_sampling_correction():
-    # the clipped surrogate scales with A (w >= 0): -min(rho A, clip(rho) A) w = -min(rho wA, clip(rho) wA)
+def trl_vllm_importance_sampling_ratio(old_per_token_logps, sampling_per_token_logps, mask, mode,
+                                      clip_min=None, clip_max=3.0):
+    """TRL 1.16.0 GRPOTrainer._generate_and_score_completions, use_vllm with
+    vllm_importance_sampling_correction: the ratio of the trainer's log-probs (before the update)
+    to vLLM's, one completion at a time. "token_*" modes give (N, T); "sequence_*" modes one ratio
+    per completion, (N, 1), from the summed log-ratio. "*_truncate" clamps it to [clip_min,
+    clip_max]; "*_mask" sets it to 0 outside (a missing bound is no bound). Defaults as
+    GRPOConfig's: mode "sequence_mask", clip_max 3.0, clip_min None."""
+    N, T = mask.shape
+    sequence_level = mode in ("sequence_mask", "sequence_truncate")
+    out = torch.empty((N, 1) if sequence_level else (N, T), dtype=old_per_token_logps.dtype)
+    lo = -math.inf if clip_min is None else clip_min
+    hi = math.inf if clip_max is None else clip_max
+    for i in range(N):
+        diff = (old_per_token_logps[i] - sampling_per_token_logps[i]) * mask[i]
+        diff = torch.nan_to_num(diff, nan=0.0)  # a NaN sampling log-prob: ratio 1
+        ratios = torch.exp(diff.sum(-1, keepdim=True)) if sequence_level else torch.exp(diff)
+        if mode.endswith("_truncate"):
+            ratios = torch.clamp(ratios, min=clip_min, max=clip_max)
+        else:
+            ratios = torch.where((ratios < lo) | (ratios > hi), torch.zeros_like(ratios), ratios)
+        out[i] = ratios
+    return out
+
+
+VLLM_IS_MODES = ["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"]
+
+
+@pytest.mark.parametrize("mode", VLLM_IS_MODES)
+def test_trl_vllm_importance_sampling_correction(mode):
+    # the clipped surrogate scales with A (w >= 0): -min(rho A, clip(rho) A) w
+    # = -min(rho wA, clip(rho) wA)
     logp, old, A, mask = trl_batch()
-    is_ratio = 0.5 + torch.rand(logp.shape, generator=torch.Generator().manual_seed(25), dtype=F64)
-    same_value_and_grad(
-        lambda lp: tc.policy_loss(lp, old, tc.token_advantages(A, is_ratio), mask, mode="token")[0],
-        lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo", importance_sampling_ratio=is_ratio),
-        logp)
+    N, T = mask.shape
+    g = torch.Generator().manual_seed(25)
+    sampling = old + 0.6 * torch.randn(old.shape, generator=g, dtype=F64)  # vLLM's log-probs
+    ref = old + 0.3 * torch.randn(old.shape, generator=g, dtype=F64)
+    w = trl_vllm_importance_sampling_ratio(old, sampling, mask, mode)
+    sequence_level = mode.startswith("sequence")
+    assert w.shape == ((N, 1) if sequence_level else (N, T))
+    real = mask.any(-1)[:, None] if sequence_level else mask
+    bounded = (w[real] == 0) if mode.endswith("_mask") else (w[real] == 3.0)
+    assert bounded.any() and (~bounded).any() and (w[real] != 1).all()  # the bound acts on some
+    kl = dict(beta=0.04, ref=ref, use_bias_correction_kl=False)  # the KL term is not weighted
+    theirs = lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo",
+                                                importance_sampling_ratio=w, **kl)
+    weighted = [tc.token_advantages(A, w.expand(N, T))]
+    if sequence_level:
+        weighted.append(A * w[:, 0])  # one weight per completion: (N,) advantages work too
+    for A_w in weighted:
+        same_value_and_grad(
+            lambda lp: tc.policy_loss(lp, old, A_w, mask, mode="token", ref_logp=ref, beta=0.04)[0],
+            theirs, logp)
+    if sequence_level:
+        # GSPO's sequence ratio needs (N,) advantages: A * w[:, 0]
+        same_value_and_grad(
+            lambda lp: tc.policy_loss(lp, old, A * w[:, 0], mask, mode="token",
+                                      ratio_level="sequence")[0],
+            lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo",
+                                               importance_sampling_ratio=w,
+                                               importance_sampling_level="sequence"),
+            logp)
+        # unexpanded, the (N, 1) ratio is not (N, T) advantages
+        with pytest.raises(ValueError, match="advantages must have the same shape as logp"):
+            tc.policy_loss(logp, old, tc.token_advantages(A, w), mask, mode="token")
 
 
 # --- advantages
@@ -786,6 +988,15 @@ def test_trl_advantages(scale_rewards, scale):
         ours_default = tc.group_advantages(REWARDS, scale=scale).flatten()
         k = theirs.abs().argmax()
         assert 5e-5 < abs(float(ours_default[k] / theirs[k]) - 1) < 1e-3
+
+
+def test_trl_group_scale_where_it_differs():
+    # eight equal float32 rewards of 0.1: the mean rounds, and TRL divides that rounding error (over
+    # a std of rounding error) by about 1e-4; tokencredit gives exactly 0
+    r = torch.full((1, 8), 0.1)
+    theirs = trl_grpo_advantages(r.flatten(), 8, "group")
+    assert torch.allclose(theirs, torch.full((8,), -7.45e-5), rtol=0.01)
+    assert (tc.group_advantages(r, scale="std", eps=1e-4) == 0).all()
 
 
 def trl_rloo_advantages(rewards, num_generations):
@@ -912,6 +1123,15 @@ def test_course_group_normalized_rewards(normalize_by_std, scale, advantage_eps)
 def test_course_group_of_one_is_nan_there_and_zero_here():
     theirs = compute_group_normalized_rewards(torch.tensor([0.7]), 1, 1e-6, True)  # std of one value: NaN
     assert math.isnan(theirs.item()) and tc.group_advantages(torch.tensor([[0.7]])).item() == 0.0
+
+
+def test_course_all_equal_group_where_it_differs():
+    # eight equal float32 rewards of 0.1: the documented formula with torch's mean and std divides
+    # the mean's rounding error by about advantage_eps, as verl's loop does; tokencredit gives 0
+    r = torch.full((1, 8), 0.1)
+    theirs = compute_group_normalized_rewards(r.flatten(), 8, 1e-6, True)
+    assert torch.allclose(theirs, torch.full((8,), -0.0074), rtol=0.01)
+    assert (tc.group_advantages(r, scale="std", eps=1e-6) == 0).all()
 
 
 def test_course_per_token_losses():
