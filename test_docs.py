@@ -1,0 +1,88 @@
+"""The documentation held to the code: the README's worked examples are computed here, and every
+link into the code opens the function it names. Run: python -m pytest -q
+"""
+
+import os
+import re
+
+import torch
+
+import tokencredit as tc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+
+def readme_examples():
+    """The README's worked examples, computed by the code."""
+    blocks = []
+    row = lambda xs, fmt="{:+.2f}": "  ".join(fmt.format(x) for x in xs)  # noqa: E731
+    # 1. advantages: GRPO, Dr. GRPO and RLOO on three groups
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    lines = ["rewards        GRPO (std)                  Dr. GRPO (none)             RLOO (leave_one_out, none)"]
+    grpo, dr = tc.group_advantages(rewards), tc.group_advantages(rewards, scale="none")
+    rloo = tc.group_advantages(rewards, scale="none", baseline="leave_one_out")
+    for r, a, d, l in zip(rewards.tolist(), grpo.tolist(), dr.tolist(), rloo.tolist()):
+        lines.append(f"{row(r, '{:.0f}'):<14} {row(a):<27} {row(d):<27} {row(l)}")
+    blocks.append("\n".join(lines))
+    # 1b. overlong
+    lengths = torch.tensor([10, 12, 13, 14, 16, 17])
+    pen = tc.overlong_penalty(lengths, max_len=16, cache_len=4)
+    blocks.append("length   " + " ".join(f"{int(x):>6d}" for x in lengths) + "\npenalty  " +
+                  " ".join(f"{x:>6.2f}" for x in pen.tolist()))
+    # 3. REINFORCE -> PPO-clip -> Clip-Higher: the gradient each sends to log pi(o_t)
+    rho = torch.tensor([[1.0, 1.1, 1.25, 1.5, 0.9, 0.5]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    lines = ["rho                               " + " ".join(f"{x:>6.2f}" for x in rho[0].tolist()),
+             "A                                 " + " ".join(f"{x:>+6.0f}" for x in adv[0].tolist())]
+    for name, fn in (("REINFORCE, -A log pi       grad", lambda lp: tc.policy_gradient_surrogate(lp, adv)),
+                     ("clip, eps 0.2 / 0.2        grad", lambda lp: tc.clipped_surrogate(torch.exp(lp), adv)),
+                     ("Clip-Higher, 0.2 / 0.28    grad", lambda lp: tc.clipped_surrogate(torch.exp(lp), adv, 0.2, 0.28))):
+        logp = torch.log(rho).requires_grad_()
+        fn(logp).sum().backward()
+        lines.append(f"{name}  " + " ".join(f"{x:>+6.2f}" for x in logp.grad[0].tolist()))
+    blocks.append("\n".join(lines))
+    # 4. who gets credit for a long answer: one group (100 and 1000 tokens), then a second prompt (10 and 10)
+    mask = torch.zeros(4, 1000)
+    for i, length in enumerate((100, 1000, 10, 10)):
+        mask[i, :length] = 1
+    lines = ["mode          weight of one token (x 1e-4)       share of the loss weight",
+             "              100    1000   |  10      10        100    1000   |  10     10"]
+    for mode in tc.AGGREGATION_MODES:
+        w = tc.token_weights(mask, mode, group_size=2, max_len=1000)
+        one, share = w[:, 0] * 1e4, w.sum(dim=1)
+        lines.append(f"{mode:<13} {one[0]:<6.2f} {one[1]:<6.2f} | {one[2]:<7.2f} {one[3]:<9.2f} "
+                     f"{share[0]:<6.3f} {share[1]:<6.3f} | {share[2]:<6.3f} {share[3]:.3f}")
+    blocks.append("\n".join(lines))
+    # 5. CSCR weights on one four-token answer, A = 0.5
+    s = torch.tensor([[0.05, 0.10, 1.50, 0.20, 0.0]])
+    m = torch.tensor([[1, 1, 1, 1, 0]])
+    lines = ["sensitivity s_t     " + " ".join(f"{x:>6.2f}" for x in s[0, :4].tolist()) + "   (padding: weight 0)"]
+    for strength in (0.0, 1.0, 4.0):
+        w = tc.cscr_weights(s, m, strength, threshold=0.1)
+        a = tc.token_advantages(torch.tensor([0.5]), w)
+        lines.append(f"strength {strength:<3} w~_t   " + " ".join(f"{x:>6.3f}" for x in w[0, :4].tolist()) +
+                     f"   sum of A_t {a.sum().item():.3f} = 4 x 0.5")
+    blocks.append("\n".join(lines))
+    return blocks
+
+
+def test_readme_worked_examples_match_the_code():
+    with open(os.path.join(HERE, "README.md")) as f:
+        readme = f.read()
+    unindent = lambda text: "\n".join(line.strip() for line in text.splitlines())  # noqa: E731
+    for block in readme_examples():
+        assert unindent(block) in unindent(readme), "README.md is missing this block, as the code computes it now:\n" + block
+
+
+def test_readme_code_links_open_their_functions():
+    """Every [name](file.py#LN) link of README.md and docs/ lands on `def name(` in that file."""
+    pages = ["README.md"] + [os.path.join("docs", page)
+                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    links = [link for page in pages
+             for link in re.findall(r"\[`?(\w+)`?\]\(\.{0,2}/?(\w+\.py)#L(\d+)\)",
+                                    open(os.path.join(HERE, page)).read())]
+    assert len(links) >= 12
+    for name, path, line in links:
+        lines = open(os.path.join(HERE, path)).read().splitlines()
+        assert lines[int(line) - 1].startswith(f"def {name}("), f"{name} is not at {path}:{line}"
