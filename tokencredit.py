@@ -9,7 +9,7 @@ One pure function per idea, in the order the data flows through a training step:
     1. advantages        overlong_penalty, group_advantages
     2. dynamic sampling  informative_groups, fill_batch
     3. surrogate         token_logprobs, policy_gradient_surrogate, importance_ratio,
-                         clipped_surrogate, kl_k3
+                         sequence_ratio, clipped_surrogate, kl_k3
     4. aggregation       loss_denominators, token_weights, aggregate, policy_loss,
                          self_distillation_loss
     5. token credit      counterfactual_shifts, counterfactual_sensitivity, cscr_weights,
@@ -186,11 +186,8 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
                      level: str = "token") -> torch.Tensor:
     """pi_theta / pi_old, per token (PPO, GRPO) or per sequence (GSPO [7]); exactly 1 on padding.
 
-    "token":          rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t})
-    "sequence":       s_i = exp(1/|o_i| sum_t (logp_{i,t} - old_logp_{i,t})) on every token of i;
-                      d s_i / d logp_{i,t} = s_i / |o_i|
-    "sequence_token": GSPO-token, sg[s_i] * pi_{i,t} / sg[pi_{i,t}]: value s_i,
-                      d / d logp_{i,t} = s_i
+    "token": rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t}); "sequence" and "sequence_token":
+    sequence_ratio's s_i on every token of response i.
     Args: logp, old_logp (a constant: no gradient flows into it), mask (N, T).
     Returns: ratio (N, T).
     """
@@ -198,13 +195,29 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     _check_same_shape(old_logp, "old_logp", logp, "logp", "(N, T)")
     mask = _check_mask(mask, logp, "logp")
     _check_choice(level, "level", RATIO_LEVELS)
-    log_ratio = torch.where(mask, logp - old_logp.detach(), 0.0)  # (N, T), 0 on padding: rho = 1
-    if level == "token":
-        return torch.exp(log_ratio)  # (N, T)
-    dtype = torch.promote_types(logp.dtype, torch.float32)  # bf16 cannot resolve 3e-4 over 1000
+    if level != "token":
+        return sequence_ratio(logp, old_logp, mask, per_token=level == "sequence_token")
+    return torch.exp(torch.where(mask, logp - old_logp.detach(), 0.0))  # (N, T), 1 on padding
+
+
+def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                   per_token: bool = False) -> torch.Tensor:
+    """GSPO's sequence-level ratio [7], the geometric mean of a response's token ratios.
+
+    s_i = exp(1/|o_i| sum_t (logp_{i,t} - old_logp_{i,t})), on every token of response i, so
+    d s_i / d logp_{i,t} = s_i / |o_i|. per_token (GSPO-token): sg[s_i] * pi_{i,t} / sg[pi_{i,t}],
+    the same value with d / d logp_{i,t} = s_i, for per-token advantages.
+    Args: logp, old_logp (a constant), mask (N, T). Returns: ratio (N, T), 1 on padding, in at
+    least float32 (bf16 cannot resolve GSPO's 3e-4 over 1000 tokens).
+    """
+    _check_tensor(logp, "logp", 2, "(N, T)")
+    _check_same_shape(old_logp, "old_logp", logp, "logp", "(N, T)")
+    mask = _check_mask(mask, logp, "logp")
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    log_ratio = torch.where(mask, logp - old_logp.detach(), 0.0).to(dtype)  # (N, T)
     lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype)  # (N, 1) |o_i|
-    log_s = log_ratio.to(dtype).sum(dim=-1, keepdim=True) / lengths  # (N, 1) log s_i
-    if level == "sequence_token":
+    log_s = log_ratio.sum(dim=-1, keepdim=True) / lengths  # (N, 1) log s_i
+    if per_token:
         log_s = torch.where(mask, logp - logp.detach(), 0.0) + log_s.detach()  # (N, T) = log s_i
     return torch.where(mask, torch.exp(log_s), logp.new_ones((), dtype=dtype))  # (N, T)
 
