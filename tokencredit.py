@@ -105,7 +105,8 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
     elif scale == "batch":
         centred = centred / (rewards.std() + eps)  # (B, G)
     # a mean of equal floats need not round back to them exactly: force the 0
-    return torch.where(informative_groups(rewards)[:, None], centred, torch.zeros_like(centred))
+    all_equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
+    return torch.where(all_equal, torch.zeros_like(centred), centred)
 
 
 # -----------------------------------------------------------------------------
