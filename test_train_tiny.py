@@ -42,7 +42,7 @@ def test_demonstrator_habits_hand_worked():
     # the misconception: 15+9 forgets the carry (14), and the error is carried to the answer
     assert tt.demonstrate([6, 9, 9], demo_args(misconception_rate=1.0), rng) == ("6+9=5,5+9=4>4", True)
     assert tt.demonstrate([5, 5, 9], demo_args(misconception_rate=1.0), rng) == ("5+5=10,10+9=19>19", True)  # no carry
-    assert lab.meets_misconception([6, 9, 9], tt.Args()) and not lab.meets_misconception([5, 5, 9], tt.Args())
+    assert tt.meets_misconception([6, 9, 9], tt.Args()) and not tt.meets_misconception([5, 5, 9], tt.Args())
     assert tt.demonstrate([6, 9, 8], demo_args(), rng) == ("6+9=15,15+8=23>23", True)
     text, finished = tt.demonstrate([6, 9, 8], demo_args(recheck_rate=1.0), rng)
     assert finished and text in ("6+9=15,6+9=15,15+8=23>23", "6+9=15,15+8=23,15+8=23>23")
@@ -137,7 +137,7 @@ def test_micro_batches_by_length_give_the_same_loss_and_gradient():
     args = tt.Args(max_new_tokens=16)
     problems = [[1, 2], [3, 4, 5], [7, 8], [9, 9, 9, 9]] * 2
     torch.manual_seed(3)
-    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, 1, False, "cpu")
+    _, responses, mask, _, _, _ = tt.rollout(model, tokenizer, args, problems, 1, False, "cpu")
     assert mask.sum(dim=1).min() < mask.sum(dim=1).max()  # different lengths, or this means nothing
     advantages = torch.linspace(-1.5, 1.5, len(problems))
     results = []
@@ -160,8 +160,7 @@ def test_one_update_moves_log_probs_towards_the_advantage():
     model, tokenizer = tiny_policy()
     args, problems = tt.Args(max_new_tokens=12), [[1, 2], [3, 4, 5]]
     torch.manual_seed(2)
-    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, 4, False, "cpu")
-    flat = [t for t in problems for _ in range(4)]
+    flat, responses, mask, _, _, _ = tt.rollout(model, tokenizer, args, problems, 4, False, "cpu")
     advantages = tc.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])).flatten()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     (old, _), = tt.score(model, tokenizer, args, flat, responses, mask)
@@ -231,19 +230,26 @@ def read_metrics(path):
 def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The one test that asks for the CPU by name; what --device auto picks is never assumed."""
     monkeypatch.chdir(tmp_path)
-    results = tt.main(TINY + ["--name", "smoke", "--seeds", "0,1", "--device", "cpu"])
+    results = lab.main(TINY + ["--name", "smoke", "--seeds", "0,1", "--device", "cpu"])
     out = capsys.readouterr().out
     assert out.startswith("device: cpu (asked for cpu)") and "| method |" in out
-    for title in ("held-out accuracy after 2 policy updates", "One SGD step", "CSCR diagnosis"):
+    for title in ("held-out accuracy after 2 policy updates", "One SGD step", "CSCR diagnosis",
+                  "rollout statistics", "the starting policy, 3 samples per held-out problem"):
         assert title in out
     run = tmp_path / "runs" / "smoke"
     for name in ("metrics.jsonl", "results.json", "curves.png", "onestep.png", "credit.png"):
         assert (run / name).stat().st_size > 0, name
     records = read_metrics(run / "metrics.jsonl")
     assert len(records) == 5 * 2 * 2  # methods x seeds x steps
-    assert [r["method"] for r in results["table"]] == tt.Args().methods.split(",")
-    assert all(r["seeds"] == 2 and 0 <= r["final_accuracy"] <= 1 for r in results["table"])
-    assert json.loads((run / "results.json").read_text())["table"] == json.loads(json.dumps(results["table"]))
+    assert [r["method"] for r in results["runs"]] == tt.Args().methods.split(",") * 2
+    assert all(0 <= r["final"]["accuracy"] <= 1 for r in results["runs"])
+    on_disk = json.loads((run / "results.json").read_text())
+    assert json.dumps(on_disk["one_step"]) == json.dumps(results["one_step"])  # NaN != NaN
+    # the report reads the run back, and prints the same tables from its compact copy
+    lab.report([str(run), "--save", str(tmp_path / "kept")])
+    first = capsys.readouterr().out
+    lab.report([str(tmp_path / "kept" / "smoke.json")])
+    assert capsys.readouterr().out == first and lab.format_results(lab.load_run(str(run))) in first
     diag = results["diagnosis"]
     assert diag["all"]["same_direction"] + diag["all"]["sign_reversal"] == pytest.approx(1.0, abs=0.05)
     assert set(diag["by_class"]) == set(lab.CLASSES)
@@ -251,17 +257,16 @@ def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, c
     assert "warm-up: reusing" in capsys.readouterr().out
 
 
-def test_presets_overrides_and_the_strength_ablation():
+def test_presets_and_overrides():
     base, runs, seeds = tt.parse_args(["--methods", "grpo,dapo", "--eps-high", "0.5", "--steps", "7", "--seeds", "3,4"])
-    (_, grpo, _), (_, dapo, _) = runs
+    (_, grpo), (_, dapo) = runs
     assert base.steps == 7 and grpo.steps == 7 and seeds == [3, 4]
     assert grpo.eps_high == 0.5 and dapo.eps_high == 0.5  # the user's value beats every preset
     assert grpo.loss_mode == "sample" and dapo.loss_mode == "token" and dapo.dynamic_sampling
     assert dapo.reward_wrong == -1.0 and grpo.reward_wrong == 0.0 and grpo.surrogate == "clip"
-    _, runs, _ = tt.parse_args(["--methods", "cscr,drgrpo", "--cscr-strength", "0,0.5,4", "--surrogate", "reinforce"])
-    assert [(label, strength) for label, _, strength in runs] == [("cscr@0", 0.0), ("cscr@0.5", 0.5), ("cscr@4", 4.0),
-                                                                  ("drgrpo@0", 0.0), ("drgrpo@0.5", 0.5), ("drgrpo@4", 4.0)]
-    assert all(a.surrogate == "reinforce" for _, a, _ in runs) and runs[3][1].loss_mode == "constant"
+    _, runs, _ = tt.parse_args(["--methods", "cscr,drgrpo", "--cscr-strength", "4", "--surrogate", "reinforce"])
+    assert [(label, a.cscr_strength) for label, a in runs] == [("cscr", 4.0), ("drgrpo", 4.0)]
+    assert all(a.surrogate == "reinforce" for _, a in runs) and runs[1][1].loss_mode == "constant"
 
 
 def test_same_seed_same_metrics_and_reinforce_from_the_command_line(tmp_path, monkeypatch):
@@ -314,7 +319,6 @@ def test_dynamic_sampling_filters_on_correctness(tmp_path, monkeypatch):
     (["--group-size", "1"], "--group-size must be >= 2"),
     (["--steps", "-3"], "--steps must be >= 0, got -3"),
     (["--lr", "-1"], "--lr must be > 0, got -1.0"),
-    (["--cscr-strength", "1,x"], "--cscr-strength must be a comma-separated list of float, got '1,x'"),
     (["--name", "../../x"], "--name must be a plain folder name under runs/"),
     (["--loop-rate", "0.9", "--recheck-rate", "0.2"], "--recheck-rate + --loop-rate must be <= 1"),
     (["--slip-rate", "1.5"], "--slip-rate must be in [0, 1], got 1.5"),
@@ -364,12 +368,12 @@ def test_grpo_fixes_the_warm_ups_mistakes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     results = tt.main(["--methods", "grpo", "--seeds", "0", "--steps", "20", "--eval-every", "20", "--name", "learn",
                        "--device", "cpu"])
-    run = results["runs"][0]
-    assert run["start_accuracy"] == pytest.approx(0.790, abs=0.05)
-    assert run["start_sampled_accuracy"] == pytest.approx(0.477, abs=0.05)
-    assert run["final_accuracy"] >= run["start_accuracy"] + 0.10
-    assert run["final_sampled_accuracy"] >= run["start_sampled_accuracy"] + 0.25
-    assert run["final_accuracy_misconception"] >= run["start_accuracy_misconception"] + 0.3  # the habit RL overturns
+    start, final = results["start"], results["runs"][0]["final"]
+    assert start["accuracy"] == pytest.approx(0.790, abs=0.05)
+    assert start["sampled_accuracy"] == pytest.approx(0.477, abs=0.05)
+    assert final["accuracy"] >= start["accuracy"] + 0.10
+    assert final["sampled_accuracy"] >= start["sampled_accuracy"] + 0.25
+    assert final["accuracy_misconception"] >= start["accuracy_misconception"] + 0.3  # the habit RL overturns
 
 
 def test_how_much_the_evaluation_set_overlaps_training(monkeypatch):
