@@ -1,17 +1,21 @@
-"""trl_tokencredit.py, tested against TRL 1.16's own GRPOTrainer._compute_loss (needs TRL; skipped without it).
+"""trl_tokencredit.py against TRL 1.16's own GRPOTrainer (needs TRL; skipped without it).
 
-    cd /work/main && /work/bench-venv/bin/python -m pytest -q test_trl_tokencredit.py      # -s prints the diffs
+    .venv-bench/bin/python -m pytest -q test_trl_tokencredit.py      # -s prints the differences
 
-Every model here is train_tiny's tiny GPT-2 built in code (random weights, nothing downloaded). A
-rollout batch is built the way TRL's _compute_loss receives it (left-padded prompts, right-padded
-completions, advantages, old log-probs a little off the current ones so that the clip acts), and
-the subclass's loss and gradient are compared with TRL's on the same batch and the same model.
+Every model here is built in code from a config (random weights, nothing downloaded): train_tiny's
+tiny GPT-2 unless a test names another family. A rollout batch is built the way TRL's
+_compute_loss receives it (left-padded prompts of unequal lengths, right-padded completions,
+advantages, old log-probs a little off the current ones so that the clip acts), and the bridge's
+loss and gradient are compared with TRL's on the same batch, model and GRPOConfig.
 """
 
 import contextlib
 import copy
+import dataclasses
+import logging
 import os
 import tempfile
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
@@ -24,7 +28,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 import tokencredit as tc  # noqa: E402
 import train_tiny as tt  # noqa: E402
-from trl_tokencredit import Credit, TokenCreditGRPOTrainer, high_entropy_weights  # noqa: E402
+from trl_tokencredit import (Credit, TokenCreditGRPOTrainer, high_entropy_weights,  # noqa: E402
+                             resolve_credit)
 
 TINY = tt.Args(n_layer=1, n_embd=32, n_head=2)
 G, MAX_COMPLETION = 4, 12
@@ -44,16 +49,31 @@ def odd_length(completions, **kwargs):  # a reward with some spread within group
     return [float(len(text) % 2) for text in completions]
 
 
-def make_trainer(model, tokenizer, credit=Credit(), cls=TokenCreditGRPOTrainer, **config):
-    settings = dict(output_dir=tempfile.mkdtemp(prefix="test-trl-tc-"), report_to="none", save_strategy="no",
-                    use_cpu=True, bf16=False, activation_checkpointing=False, disable_tqdm=True, seed=0,
-                    per_device_train_batch_size=2 * G, num_generations=G, max_completion_length=MAX_COMPLETION,
-                    use_bias_correction_kl=False, top_k=0, logging_steps=1)
-    problems = tt.ProblemStream(TINY, 7).next(16)
-    dataset = Dataset.from_dict({"prompt": tt.prompt_texts(TINY, problems)})
+def prompts(n, seed=7):
+    problems = tt.ProblemStream(TINY, seed).next(n)
+    return Dataset.from_dict({"prompt": tt.prompt_texts(TINY, problems)})
+
+
+def config(**settings):
+    base = dict(output_dir=tempfile.mkdtemp(prefix="test-trl-tc-"), report_to="none",
+                save_strategy="no", use_cpu=True, bf16=False, activation_checkpointing=False,
+                disable_tqdm=True, seed=0, per_device_train_batch_size=2 * G, num_generations=G,
+                max_completion_length=MAX_COMPLETION, use_bias_correction_kl=False, top_k=0,
+                logging_steps=1)
+    return GRPOConfig(**{**base, **settings})
+
+
+def make_trainer(model, tokenizer, credit=None, cls=TokenCreditGRPOTrainer, eval_dataset=None,
+                 **settings):
     extra = dict(credit=credit) if cls is TokenCreditGRPOTrainer else {}
-    trainer = cls(model=model, reward_funcs=odd_length, args=GRPOConfig(**{**settings, **config}),
-                  train_dataset=dataset, processing_class=tokenizer, **extra)
+    if settings.get("beta"):  # TRL loads the reference model from the policy's path: give it one
+        from transformers import AutoModelForCausalLM
+        path = tempfile.mkdtemp(prefix="test-trl-tc-model-")
+        model.save_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+    trainer = cls(model=model, reward_funcs=odd_length, args=config(**settings),
+                  train_dataset=prompts(16), eval_dataset=eval_dataset, processing_class=tokenizer,
+                  **extra)
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop; _compute_loss reads it
     return trainer
 
@@ -75,12 +95,16 @@ def setting(obj, **values):
             setattr(obj, k, v)
 
 
-def rollout_batch(trainer, lengths, seed=0, spread=0.4, beta=False):
-    """inputs as TRL's _compute_loss receives them: N = len(lengths) rows, groups of G consecutive rows."""
+def rollout_batch(trainer, lengths, seed=4, spread=0.5, beta=False):
+    """inputs as TRL's _compute_loss receives them: N = len(lengths) rows, groups of G
+    consecutive rows, prompts of unequal lengths (so left padding is there)."""
     tokenizer, g = trainer.processing_class, torch.Generator().manual_seed(seed)
     N = len(lengths)
-    problems = [p for p in tt.ProblemStream(TINY, seed).next(N // G) for _ in range(G)]  # 2-5 terms: padding
-    prompt_ids, prompt_mask = tt.tokenize_prompts(tokenizer, tt.prompt_texts(TINY, problems), "cpu")
+    problems = [p for p in tt.ProblemStream(TINY, seed).next(N // G) for _ in range(G)]
+    texts = tt.prompt_texts(TINY, problems)
+    prompt_ids, prompt_mask = tt.tokenize_prompts(tokenizer, texts, "cpu")
+    prompt_lengths = prompt_mask.sum(dim=1)
+    assert prompt_lengths.min() < prompt_lengths.max(), f"seed {seed}: prompts of equal lengths"
     T = max(lengths)
     completion_mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()  # (N, T)
     digits = torch.randint(2, len(tokenizer), (N, T), generator=g)  # characters, no <pad>/<eos>
@@ -88,12 +112,13 @@ def rollout_batch(trainer, lengths, seed=0, spread=0.4, beta=False):
     rewards = torch.randint(0, 2, (N // G, G), generator=g).float()
     rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # both signs in every group
     inputs = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-                  completion_mask=completion_mask, advantages=tc.group_advantages(rewards).flatten(),
+                  completion_mask=completion_mask,
+                  advantages=tc.group_advantages(rewards).flatten(),
                   num_items_in_batch=completion_mask.sum(), tc_group=torch.arange(N) // G)
     with torch.no_grad():
         logp = scored(trainer, inputs)
     noise = spread * torch.randn(N, T, generator=g)
-    inputs["old_per_token_logps"] = (logp + noise) * completion_mask  # ratios exp(-noise): the clip acts
+    inputs["old_per_token_logps"] = (logp + noise) * completion_mask  # ratios exp(-noise)
     if beta:
         inputs["ref_per_token_logps"] = (logp - noise.flip(0)) * completion_mask
     return inputs
@@ -110,14 +135,18 @@ def loss_and_grad(model, compute):
     model.zero_grad(set_to_none=True)
     loss = compute()
     loss.backward()
-    return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+    return loss.detach(), torch.cat(grads)
 
 
 def trl_loss(trainer, inputs):
-    return loss_and_grad(trainer.model, lambda: GRPOTrainer._compute_loss(trainer, trainer.model, inputs))
+    return loss_and_grad(trainer.model,
+                         lambda: GRPOTrainer._compute_loss(trainer, trainer.model, inputs))
 
 
-def our_loss(trainer, inputs, credit):
+def our_loss(trainer, inputs, credit=None):
+    """The bridge's loss; with `credit`, that Credit resolved against the trainer's GRPOConfig."""
+    credit = trainer.credit if credit is None else resolve_credit(credit, trainer.args)
     with setting(trainer, credit=credit):
         return loss_and_grad(trainer.model, lambda: trainer._compute_loss(trainer.model, inputs))
 
@@ -126,40 +155,222 @@ def split(inputs, rows):
     return {k: v if v.dim() == 0 else v[rows] for k, v in inputs.items()}
 
 
-LENGTHS = [12, 3, 0, 7, 9, 1, 12, 5]  # one empty completion, one at the budget
-
-# (TRL loss_type, TRL settings, the Credit that should give the same loss and gradient)
-EXACT = [
-    ("grpo", {}, Credit(mode="sample")),
-    ("bnpo", {}, Credit(mode="token", token_count="local")),
-    ("dapo", {}, Credit(mode="token")),
-    ("dr_grpo", {}, Credit(mode="constant")),  # max_len = max_completion_length
-    ("dapo", dict(epsilon_high=0.28), Credit(mode="token")),  # Clip-Higher
-    ("grpo", dict(importance_sampling_level="sequence"), Credit(mode="sample", ratio_level="sequence")),  # GSPO
-    ("grpo", dict(beta=0.04), Credit(mode="sample")),  # k3 KL, use_bias_correction_kl=False
-    ("grpo", dict(top_entropy_quantile=0.2), Credit(mode="sample", token_weights_fn=high_entropy_weights(0.2))),
-]
-
-
-@pytest.mark.parametrize("loss_type, trl_settings, credit", EXACT,
-                         ids=[f"{r[0]}-{'-'.join(r[1]) or 'plain'}" for r in EXACT])
-def test_loss_and_gradient_equal_trls(trainer, loss_type, trl_settings, credit):
+def assert_equal_to_trl(trainer, inputs, label):
     trainer.model.train()
-    with setting(trainer, loss_type=loss_type, **trl_settings):
-        inputs = rollout_batch(trainer, LENGTHS, beta="beta" in trl_settings)
-        trl, trl_grad = trl_loss(trainer, inputs)
-        ours, our_grad = our_loss(trainer, inputs, credit)
-    clipped = trainer._metrics["train"]["tc/clip_frac_low"][-1] + trainer._metrics["train"]["tc/clip_frac_high"][-1]
+    trl, trl_grad = trl_loss(trainer, inputs)
+    ours, our_grad = our_loss(trainer, inputs)
+    metrics = trainer._metrics["train"]
+    clipped = metrics["tc/clip_frac_low"][-1] + metrics["tc/clip_frac_high"][-1]
     d_loss, d_grad = (ours - trl).abs().item(), (our_grad - trl_grad).abs().max().item()
-    print(f"\n{loss_type} {trl_settings}: loss {trl.item():+.6f}, max|diff| loss {d_loss:.1e}, grad {d_grad:.1e} "
+    print(f"\n{label}: loss {trl.item():+.6f}, max|diff| loss {d_loss:.1e}, grad {d_grad:.1e} "
           f"(grad max {trl_grad.abs().max().item():.1e}, clipped {clipped:.2f})")
     assert clipped > 0.05  # the clip matters in this batch
     assert d_loss <= 1e-6 * max(1.0, trl.abs().item())
     assert d_grad <= 1e-6 * trl_grad.abs().max().item()
 
 
+LENGTHS = [12, 3, 0, 7, 9, 1, 12, 5]  # one empty completion, one at the budget
+
+# (GRPOConfig settings; the Credit that says the same thing explicitly, which must be accepted)
+EXACT = [
+    (dict(loss_type="grpo"), Credit(mode="sample")),
+    (dict(loss_type="bnpo"), Credit(mode="token", token_count="local")),
+    (dict(), Credit(mode="token", token_count="global")),  # TRL's default loss_type, dapo
+    (dict(loss_type="dr_grpo"), Credit(mode="constant", max_len=MAX_COMPLETION)),
+    (dict(epsilon_high=0.28), Credit(mode="token")),  # Clip-Higher
+    (dict(loss_type="grpo", importance_sampling_level="sequence"),  # GSPO
+     Credit(mode="sample", ratio_level="sequence")),
+    (dict(loss_type="grpo", beta=0.04), Credit(mode="sample")),  # k3 KL without the IS factor
+    (dict(loss_type="grpo", top_entropy_quantile=0.2),
+     Credit(mode="sample", token_weights_fn=high_entropy_weights(0.2))),
+    (dict(loss_type="grpo", top_entropy_quantile=0.2, temperature=0.7),  # entropies of logits / T
+     Credit(mode="sample", token_weights_fn=high_entropy_weights(0.2))),
+    (dict(loss_type="luspo", importance_sampling_level="sequence"),
+     Credit(mode="constant", max_len=1, ratio_level="sequence")),
+    (dict(loss_type="luspo"), Credit(mode="constant", max_len=1)),  # TRL warns: not the paper's
+]
+
+
+def label(settings):
+    return "-".join(f"{k}={v}" for k, v in settings.items()) or "defaults"
+
+
+@pytest.mark.filterwarnings("ignore:GRPOConfig\\(loss_type='luspo'\\)")
+@pytest.mark.parametrize("settings, credit", EXACT, ids=[label(r[0]) for r in EXACT])
+def test_without_credit_the_loss_and_gradient_are_trls(tokenizer, settings, credit):
+    """No Credit: the bridge computes what TRL's own _compute_loss computes from the same
+    GRPOConfig; and the Credit that spells it out agrees with that GRPOConfig."""
+    trainer = make_trainer(tiny_model(tokenizer), tokenizer, **settings)
+    inputs = rollout_batch(trainer, LENGTHS, beta="beta" in settings)
+    assert_equal_to_trl(trainer, inputs, label(settings))
+    explicit = resolve_credit(credit, trainer.args)
+    assert (dataclasses.replace(explicit, token_weights_fn=None)
+            == dataclasses.replace(trainer.credit, token_weights_fn=None))
+    fraction = getattr(trainer.credit.token_weights_fn, "top_fraction", None)
+    assert fraction == getattr(explicit.token_weights_fn, "top_fraction", None)
+
+
+# Each setting a Credit with defaults used to override silently: (GRPOConfig, what must run)
+UNSET = [
+    (dict(), dict(mode="token", token_count="global", adv_eps=1e-4, adv_scale="std",
+                  ratio_level="token", surrogate="clip", baseline="mean")),
+    (dict(loss_type="grpo"), dict(mode="sample")),
+    (dict(loss_type="bnpo"), dict(mode="token", token_count="local")),
+    (dict(loss_type="dr_grpo"), dict(mode="constant", max_len=MAX_COMPLETION)),
+    (dict(loss_type="luspo", importance_sampling_level="sequence"),
+     dict(mode="constant", max_len=1, ratio_level="sequence")),
+    (dict(scale_rewards="batch"), dict(adv_scale="batch", adv_eps=1e-4)),
+    (dict(scale_rewards="none"), dict(adv_scale="none")),
+    (dict(scale_rewards=False), dict(adv_scale="none")),  # GRPOConfig turns False into "none"
+    (dict(importance_sampling_level="sequence"), dict(ratio_level="sequence")),
+]
+
+
+def test_entropies_the_weights_see_are_of_the_logits_over_temperature(tokenizer):
+    """TRL's fused LM head divides the logits by GRPOConfig's temperature before the entropy; the
+    bridge hands token_weights_fn those same entropies, so high_entropy_weights ranks what TRL's
+    top_entropy_quantile ranks."""
+    trainer = make_trainer(tiny_model(tokenizer, seed=1), tokenizer, temperature=0.5)
+    inputs = rollout_batch(trainer, LENGTHS)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    T, mask = inputs["completion_ids"].shape[1], inputs["completion_mask"].bool()
+    with torch.no_grad():
+        entropies = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, attention, T, compute_entropy=True)[1]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = trainer.model(input_ids=ids, attention_mask=attention,
+                               position_ids=positions).logits[:, -T - 1:-1]
+    at_temperature = tc.token_entropy(logits / 0.5)
+    assert (entropies - at_temperature).abs()[mask].max() < 1e-5
+    assert (entropies - tc.token_entropy(logits)).abs()[mask].max() > 0.01  # T matters here
+
+
+@pytest.mark.parametrize("settings, expected", UNSET, ids=[label(r[0]) for r in UNSET])
+def test_credit_left_unset_is_what_grpoconfig_says(settings, expected):
+    resolved = resolve_credit(Credit(), config(**settings))
+    assert {k: getattr(resolved, k) for k in expected} == expected
+
+
+def test_top_entropy_quantile_becomes_high_entropy_weights_on_one_process_only():
+    weights = resolve_credit(None, config(top_entropy_quantile=0.3)).token_weights_fn
+    assert weights.top_fraction == 0.3
+    with pytest.raises(ValueError, match="over every process's tokens"):
+        resolve_credit(None, config(top_entropy_quantile=0.3), num_processes=2)
+    assert resolve_credit(None, config(), num_processes=2).token_weights_fn is None
+
+
+@pytest.mark.parametrize("loss_type, settings, reason", [
+    ("cispo", dict(epsilon_high=5.0), "capped at epsilon_high"),
+    ("sapo", {}, "sigmoid gate"),
+    ("vespo", {}, "gamma weight"),
+])
+def test_loss_types_tokencredit_cannot_express_are_refused_at_start(tokenizer, loss_type,
+                                                                    settings, reason):
+    with pytest.raises(ValueError, match=f"cannot express GRPOConfig\\(loss_type='{loss_type}'\\)"
+                                         f".*{reason}"):
+        make_trainer(tiny_model(tokenizer), tokenizer, loss_type=loss_type, **settings)
+
+
+DISAGREE = [
+    (dict(loss_type="bnpo"), Credit(mode="sample"), "mode='sample'", "loss_type='bnpo'"),
+    (dict(loss_type="bnpo"), Credit(token_count="global"), "token_count='global'", "'bnpo'"),
+    (dict(loss_type="dr_grpo"), Credit(max_len=7), "max_len=7", "loss_type='dr_grpo'"),
+    (dict(loss_type="grpo"), Credit(surrogate="reinforce"), "surrogate='reinforce'", "'grpo'"),
+    (dict(scale_rewards="none"), Credit(adv_scale="std"), "adv_scale='std'",
+     "scale_rewards='none'"),
+    (dict(importance_sampling_level="sequence"), Credit(ratio_level="sequence_token"),
+     "ratio_level='sequence_token'", "importance_sampling_level='sequence'"),
+    (dict(top_entropy_quantile=0.2), Credit(token_weights_fn=high_entropy_weights(0.5)),
+     "token_weights_fn=high_entropy_weights\\(0.5\\)", "top_entropy_quantile=0.2"),
+]
+
+
+@pytest.mark.parametrize("settings, credit, ours, theirs", DISAGREE,
+                         ids=[f"{label(r[0])}-{r[2]}" for r in DISAGREE])
+def test_credit_disagreeing_with_a_changed_setting_raises_at_start(tokenizer, settings, credit,
+                                                                  ours, theirs):
+    with pytest.raises(ValueError, match=f"Credit\\({ours}\\) disagrees with GRPOConfig\\("
+                                         f".*{theirs}"):
+        make_trainer(tiny_model(tokenizer), tokenizer, credit, **settings)
+
+
+@pytest.mark.parametrize("settings, credit, field, value", [
+    (dict(), Credit(mode="sample"), "mode", "sample"),  # loss_type left at TRL's dapo
+    (dict(loss_type="dapo"), Credit(mode="group_token"), "mode", "group_token"),  # = the default
+    (dict(loss_type="grpo"), Credit(mode="sample"), "mode", "sample"),  # agrees
+    (dict(), Credit(adv_scale="none", baseline="leave_one_out"), "baseline", "leave_one_out"),
+    (dict(loss_type="grpo"), Credit(adv_eps=1e-6), "adv_eps", 1e-6),  # TRL has no setting
+    (dict(top_entropy_quantile=0.2), Credit(token_weights_fn=high_entropy_weights(0.2)),
+     "ratio_level", "token"),
+])
+def test_credit_agreeing_or_over_a_default_is_accepted(settings, credit, field, value):
+    assert getattr(resolve_credit(credit, config(**settings)), field) == value
+
+
+def test_advantages_without_credit_are_trls_for_every_scale_rewards(tokenizer):
+    batch = None
+    for scale in ("group", "batch", "none"):
+        trainer = make_trainer(tiny_model(tokenizer), tokenizer, scale_rewards=scale)
+        trainer.model.train()
+        batch = [trainer.train_dataset[i] for i in range(2) for _ in range(G)]  # as TRL's sampler
+        torch.manual_seed(0)
+        trls = GRPOTrainer._generate_and_score_completions(trainer, batch)  # TRL's advantages
+        rewards = trainer._rewards_per_func[:, 0].view(-1, G)
+        assert rewards.std(dim=1).max() > 0  # some group has something to compare
+        torch.manual_seed(0)
+        ours = trainer._generate_and_score_completions(batch)
+        assert torch.equal(trainer._rewards_per_func[:, 0].view(-1, G), rewards)  # same samples
+        difference = (ours["advantages"] - trls["advantages"]).abs().max().item()
+        print(f"\nscale_rewards={scale!r}: advantages max|diff| {difference:.1e}")
+        assert difference <= 1e-6
+    trainer.credit = resolve_credit(Credit(baseline="leave_one_out"), trainer.args)
+    out = trainer._generate_and_score_completions(batch)
+    rewards = trainer._rewards_per_func[:, 0].view(-1, G)
+    expected = tc.group_advantages(rewards, scale="none", baseline="leave_one_out").flatten()
+    assert torch.equal(out["advantages"], expected)
+    assert out["tc_group"].tolist() == [0] * G + [1] * G
+
+
+def trl_loss_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "trl.trainer.grpo_trainer" and "loss" in r.getMessage()]
+
+
+def test_trls_loss_warnings_speak_of_the_settings_that_run(tokenizer, caplog):
+    """TRL warns about GRPOConfig's loss settings; the bridge says the same of the ones it runs."""
+    sequence = dict(importance_sampling_level="sequence")
+    with caplog.at_level(logging.WARNING, logger="trl"):
+        make_trainer(tiny_model(tokenizer), tokenizer, cls=GRPOTrainer, **sequence)
+    assert any("`'dapo'` loss sums per-token" in m for m in trl_loss_warnings(caplog))  # stock
+    caplog.clear()
+    with (caplog.at_level(logging.WARNING, logger="trl"),
+          warnings.catch_warnings(record=True) as w):
+        warnings.simplefilter("always")
+        make_trainer(tiny_model(tokenizer), tokenizer, Credit(mode="sample"), **sequence)  # GSPO
+        make_trainer(tiny_model(tokenizer), tokenizer, Credit(ratio_level="sequence"),
+                     loss_type="luspo")
+    assert trl_loss_warnings(caplog) == []
+    assert [str(x.message) for x in w if "ratio_level" in str(x.message)] == []
+    with pytest.warns(UserWarning, match="ratio_level='sequence' with mode 'token' sums"):
+        make_trainer(tiny_model(tokenizer), tokenizer, **sequence)  # dapo's mode: TRL's warning
+    with pytest.warns(UserWarning, match="loss_type='luspo'\\) with ratio_level='token'"):
+        make_trainer(tiny_model(tokenizer), tokenizer, loss_type="luspo")
+    assert trl_loss_warnings(caplog) == []
+
+
+def test_group_token_checks_the_evaluation_batch_at_start(tokenizer):
+    credit = Credit(mode="group_token")
+    with pytest.raises(ValueError, match="per_device_eval_batch_size \\(6\\) must be a multiple "
+                                         "of num_generations_eval \\(4\\)"):
+        make_trainer(tiny_model(tokenizer), tokenizer, credit, eval_dataset=prompts(4, seed=8),
+                     per_device_eval_batch_size=6, num_generations_eval=4)
+    make_trainer(tiny_model(tokenizer), tokenizer, credit, eval_dataset=prompts(4, seed=8),
+                 per_device_eval_batch_size=8, num_generations_eval=4)
+
+
 def plain_group_token(logp, old, A, mask, B, eps=0.2):
-    """DAPO's printed equation, a loop: (1/B) sum_groups (1 / tokens of the group) sum_{i in group, t} loss_it."""
+    """DAPO's printed equation, a loop: (1/B) sum_groups (1 / tokens of the group) sum loss_it."""
     total = 0.0
     for b in range(B):
         rows = range(b * G, (b + 1) * G)
@@ -167,29 +378,31 @@ def plain_group_token(logp, old, A, mask, B, eps=0.2):
         for i in rows:
             for t in range(int(mask[i].sum())):
                 ratio = torch.exp(logp[i, t] - old[i, t])
-                total = total - torch.min(ratio * A[i, t], ratio.clamp(1 - eps, 1 + eps) * A[i, t]) / (B * tokens)
+                clipped = ratio.clamp(1 - eps, 1 + eps)
+                total = total - torch.min(ratio * A[i, t], clipped * A[i, t]) / (B * tokens)
     return total
 
 
 def test_group_token_is_dapos_printed_equation_and_differs_from_trl_dapo(trainer):
-    """Two prompts, one with long answers and one with short: TRL's dapo weighs every token of the batch
-    alike, group_token gives each prompt the same share. Rows shuffled as TRL does: the same loss."""
+    """Two prompts, one with long answers and one with short: TRL's dapo weighs every token of
+    the batch alike, group_token gives each prompt the same share. Rows shuffled: the same loss."""
     trainer.model.train()
     inputs = rollout_batch(trainer, [12, 11, 12, 10, 2, 3, 1, 2], seed=3)
-    with setting(trainer, loss_type="dapo"):
-        trl, trl_grad = trl_loss(trainer, inputs)
+    trl, trl_grad = trl_loss(trainer, inputs)  # the module's trainer: TRL's default, dapo
     ours, our_grad = our_loss(trainer, inputs, Credit(mode="group_token"))
     A = inputs["advantages"][:, None].expand_as(inputs["old_per_token_logps"])
     ref, ref_grad = loss_and_grad(trainer.model, lambda: plain_group_token(
         scored(trainer, inputs), inputs["old_per_token_logps"], A, inputs["completion_mask"], 2))
-    shuffled, shuffled_grad = our_loss(trainer, split(inputs, torch.randperm(8)), Credit(mode="group_token"))
+    shuffled, shuffled_grad = our_loss(trainer, split(inputs, torch.randperm(8)),
+                                       Credit(mode="group_token"))
     rel_loss = ((ours - trl).abs() / trl.abs()).item()
     rel_grad = ((our_grad - trl_grad).norm() / trl_grad.norm()).item()
-    print(f"\ngroup_token vs TRL dapo: loss {ours.item():+.5f} vs {trl.item():+.5f} (relative diff {rel_loss:.2f}), "
-          f"gradient relative diff {rel_grad:.2f}; vs the plain loop: {(ours - ref).abs().item():.1e}, "
-          f"grad {(our_grad - ref_grad).abs().max().item():.1e}")
-    assert (ours - ref).abs() < 1e-6 and (our_grad - ref_grad).abs().max() < 1e-6 * ref_grad.abs().max()
-    assert (ours - shuffled).abs() < 1e-6 and (our_grad - shuffled_grad).abs().max() < 1e-6 * ref_grad.abs().max()
+    print(f"\ngroup_token vs TRL dapo: loss {ours.item():+.5f} vs {trl.item():+.5f} (relative "
+          f"diff {rel_loss:.2f}), gradient relative diff {rel_grad:.2f}; vs the plain loop: "
+          f"{(ours - ref).abs().item():.1e}, grad {(our_grad - ref_grad).abs().max().item():.1e}")
+    tolerance = 1e-6 * ref_grad.abs().max()
+    assert (ours - ref).abs() < 1e-6 and (our_grad - ref_grad).abs().max() < tolerance
+    assert (ours - shuffled).abs() < 1e-6 and (our_grad - shuffled_grad).abs().max() < tolerance
     assert rel_grad > 0.1
 
 
@@ -198,18 +411,20 @@ def test_group_token_refuses_split_groups(trainer, tokenizer):
     with pytest.raises(ValueError, match="incomplete groups"):
         our_loss(trainer, split(inputs, torch.arange(6)), Credit(mode="group_token"))
     with pytest.raises(ValueError, match="multiple of num_generations"):
-        make_trainer(tiny_model(tokenizer), tokenizer, Credit(mode="group_token"), per_device_train_batch_size=6,
-                     steps_per_generation=2)
+        make_trainer(tiny_model(tokenizer), tokenizer, Credit(mode="group_token"),
+                     per_device_train_batch_size=6, steps_per_generation=2)
 
 
 def test_per_token_weights_trl_cannot_express(trainer):
-    """CSCR-style weights (any (N, T) >= 0): TRL's loss has no place for them; ours is the plain formula."""
+    """CSCR-style weights (any (N, T) >= 0): TRL's loss has no place for them; ours is the plain
+    formula."""
     trainer.model.train()
     inputs = rollout_batch(trainer, LENGTHS, seed=5)
     mask = inputs["completion_mask"]
     sensitivity = torch.rand(mask.shape, generator=torch.Generator().manual_seed(1))
     weights = tc.cscr_weights(sensitivity, mask, strength=2.0)
-    ours, our_grad = our_loss(trainer, inputs, Credit(mode="sample", token_weights_fn=lambda *a: weights))
+    credit = Credit(mode="sample", token_weights_fn=lambda *a: weights)
+    ours, our_grad = our_loss(trainer, inputs, credit)
     with setting(trainer, loss_type="grpo"):
         trl, trl_grad = trl_loss(trainer, inputs)
 
@@ -219,107 +434,178 @@ def test_per_token_weights_trl_cannot_express(trainer):
         for i in range(len(LENGTHS)):
             for t in range(LENGTHS[i]):
                 ratio, a = torch.exp(logp[i, t] - old[i, t]), A[i] * weights[i, t]
-                total = total - torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a) / (len(LENGTHS) * LENGTHS[i])
+                per_token = torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a)
+                total = total - per_token / (len(LENGTHS) * LENGTHS[i])
         return total
     ref, ref_grad = loss_and_grad(trainer.model, plain)
     rel_grad = ((our_grad - trl_grad).norm() / trl_grad.norm()).item()
-    print(f"\nCSCR weights (strength 2) vs TRL grpo: loss {ours.item():+.5f} vs {trl.item():+.5f}, gradient relative "
-          f"diff {rel_grad:.2f}; vs the plain loop {(ours - ref).abs().item():.1e}")
-    assert (ours - ref).abs() < 1e-6 and (our_grad - ref_grad).abs().max() < 1e-6 * ref_grad.abs().max()
+    print(f"\nCSCR weights (strength 2) vs TRL grpo: loss {ours.item():+.5f} vs {trl.item():+.5f},"
+          f" gradient relative diff {rel_grad:.2f}; vs the plain loop "
+          f"{(ours - ref).abs().item():.1e}")
+    assert (ours - ref).abs() < 1e-6
+    assert (our_grad - ref_grad).abs().max() < 1e-6 * ref_grad.abs().max()
     assert rel_grad > 0.05
 
 
 def test_token_normaliser_global_or_local_under_gradient_accumulation(trainer):
-    """2 micro-batches (GA = 2) of unequal token counts: "global" is the token mean over both (TRL dapo),
-    "local" the mean of the two micro-batch means (TRL bnpo). They differ."""
+    """2 micro-batches (GA = 2) of unequal token counts: "global" is the token mean over both
+    (TRL dapo), "local" the mean of the two micro-batch means (TRL bnpo). They differ."""
     trainer.model.train()
     lengths = [12, 11, 12, 10, 2, 3, 1, 2]
     inputs = rollout_batch(trainer, lengths, seed=4)
-    parts = [split(inputs, torch.arange(0, 4)), split(inputs, torch.arange(4, 8))]  # 45 and 8 tokens
+    parts = [split(inputs, torch.arange(0, 4)), split(inputs, torch.arange(4, 8))]  # 45, 8 tokens
 
-    def accumulated(compute):  # what one optimizer step applies: the sum of the micro-batches' losses
+    def accumulated(compute):  # what one optimizer step applies: the micro-batches' losses summed
         return loss_and_grad(trainer.model, lambda: sum(compute(p) for p in parts))
 
-    with setting(trainer, current_gradient_accumulation_steps=2), setting(trainer.args, steps_per_generation=2):
+    with (setting(trainer, current_gradient_accumulation_steps=2),
+          setting(trainer.args, steps_per_generation=2)):
         results = {}
-        for name, loss_type, credit in (("global", "dapo", Credit(mode="token")),
-                                        ("local", "bnpo", Credit(mode="token", token_count="local"))):
-            with setting(trainer, credit=credit, loss_type=loss_type):
+        for name, loss_type, credit in (
+                ("global", "dapo", Credit(mode="token")),
+                ("local", "bnpo", Credit(mode="token", token_count="local"))):
+            with setting(trainer, credit=resolve_credit(credit, trainer.args),
+                         loss_type=loss_type):
                 results[name] = accumulated(lambda p: trainer._compute_loss(trainer.model, p))
-                results[loss_type] = accumulated(lambda p: GRPOTrainer._compute_loss(trainer, trainer.model, p))
-    kw = dict(mode="token")
+                results[loss_type] = accumulated(
+                    lambda p: GRPOTrainer._compute_loss(trainer, trainer.model, p))
     old, A, mask = inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
-    results["token mean"] = loss_and_grad(trainer.model, lambda: tc.policy_loss(scored(trainer, inputs), old, A,
-                                                                                mask, **kw)[0])
+    results["token mean"] = loss_and_grad(trainer.model, lambda: tc.policy_loss(
+        scored(trainer, inputs), old, A, mask, mode="token")[0])
     results["mean of means"] = loss_and_grad(trainer.model, lambda: sum(tc.policy_loss(
-        scored(trainer, p), p["old_per_token_logps"], p["advantages"], p["completion_mask"], **kw)[0]
-        for p in parts) / 2)
+        scored(trainer, p), p["old_per_token_logps"], p["advantages"], p["completion_mask"],
+        mode="token")[0] for p in parts) / 2)
 
     def diff(a, b):
-        return max((results[a][0] - results[b][0]).abs().item(), (results[a][1] - results[b][1]).abs().max().item())
-    print(f"\nGA=2, micro-batches of 45 and 8 tokens: global loss {results['global'][0].item():+.5f}, local "
-          f"{results['local'][0].item():+.5f}; global vs token mean {diff('global', 'token mean'):.1e}, vs dapo "
-          f"{diff('global', 'dapo'):.1e}; local vs mean of means {diff('local', 'mean of means'):.1e}, vs bnpo "
+        return max((results[a][0] - results[b][0]).abs().item(),
+                   (results[a][1] - results[b][1]).abs().max().item())
+    print(f"\nGA=2, micro-batches of 45 and 8 tokens: global loss "
+          f"{results['global'][0].item():+.5f}, local {results['local'][0].item():+.5f}; global "
+          f"vs token mean {diff('global', 'token mean'):.1e}, vs dapo {diff('global', 'dapo'):.1e}"
+          f"; local vs mean of means {diff('local', 'mean of means'):.1e}, vs bnpo "
           f"{diff('local', 'bnpo'):.1e}; global vs local {diff('global', 'local'):.2e}")
-    for a, b in (("global", "token mean"), ("global", "dapo"), ("local", "mean of means"), ("local", "bnpo")):
+    for a, b in (("global", "token mean"), ("global", "dapo"), ("local", "mean of means"),
+                 ("local", "bnpo")):
         assert diff(a, b) < 1e-6, (a, b)
     assert diff("global", "local") > 1e-3
 
 
 def test_positions_score_what_was_sampled(tokenizer):
-    """Left-padded prompts on a model with absolute positions: stock TRL's log-probs are off by the
-    padding's shift, the subclass's equal the sampling distribution's and train_tiny.score's."""
+    """Left-padded prompts on a model with absolute positions: stock TRL's log-probs are off by
+    the padding's shift, the bridge's equal the sampling distribution's and train_tiny.score's."""
     model = tiny_model(tokenizer, seed=1)
     with torch.no_grad():
-        model.transformer.wpe.weight.normal_(0.0, 1.0)  # positions that matter, as in a trained model,
-        model.transformer.wte.weight.normal_(0.0, 0.2)  # and a policy far from uniform (log-probs about -2)
+        model.transformer.wpe.weight.normal_(0.0, 1.0)  # positions that matter, as trained,
+        model.transformer.wte.weight.normal_(0.0, 0.2)  # and a policy far from uniform
     stock = make_trainer(copy.deepcopy(model), tokenizer, cls=GRPOTrainer)
     ours = make_trainer(copy.deepcopy(model), tokenizer)
     problems = tt.ProblemStream(TINY, 11).next(16)  # 2 to 5 terms: prompts of 4 to 10 tokens
     ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(TINY, problems), "cpu")
     torch.manual_seed(0)
-    responses, logits = tt.sample_tokens(model.eval(), ids, attention, 10, False, 1.0, tokenizer.eos_token_id)
+    responses, logits = tt.sample_tokens(model.eval(), ids, attention, 10, False, 1.0,
+                                         tokenizer.eos_token_id)
     mask, _ = tt.response_mask(responses, tokenizer.eos_token_id)
     responses = responses.masked_fill(~mask, tokenizer.pad_token_id)
-    sampled = tc.token_logprobs(logits, responses)  # the log-probs of the distribution sampled from
+    sampled = tc.token_logprobs(logits, responses)  # the log-probs of the distribution sampled
     with torch.no_grad():
         score = tt.score(model, tokenizer, TINY, problems, responses, mask)[0][0]
         errors = {}
         for name, trainer in (("stock TRL", stock), ("TokenCreditGRPOTrainer", ours)):
             logp = trainer._get_per_token_logps_and_entropies(
-                trainer.model, torch.cat([ids, responses], 1), torch.cat([attention, mask.long()], 1),
-                responses.shape[1])[0]
-            errors[name] = ((logp - sampled).abs()[mask].mean().item(), (logp - score).abs()[mask].mean().item())
+                trainer.model, torch.cat([ids, responses], 1),
+                torch.cat([attention, mask.long()], 1), responses.shape[1])[0]
+            errors[name] = ((logp - sampled).abs()[mask].mean().item(),
+                            (logp - score).abs()[mask].mean().item())
     print("\nmean |log-prob error| per token vs sampling, vs train_tiny.score: "
           + ", ".join(f"{k} {a:.2e}, {b:.2e}" for k, (a, b) in errors.items()))
     assert errors["stock TRL"][0] > 0.1
     assert max(errors["TokenCreditGRPOTrainer"]) < 1e-5
 
 
-def test_advantages_are_group_advantages_of_the_rewards_trl_gathers(tokenizer):
-    trainer = make_trainer(tiny_model(tokenizer), tokenizer, Credit(adv_eps=1e-4))
-    trainer.model.train()
-    batch = [trainer.train_dataset[i] for i in range(2) for _ in range(G)]  # 2 prompts x G, as TRL's sampler
-    torch.manual_seed(0)
-    trls = GRPOTrainer._generate_and_score_completions(trainer, batch)  # TRL's advantages (scale_rewards group)
-    rewards = trainer._rewards_per_func[:, 0].view(-1, G)
-    assert rewards.std(dim=1).max() > 0  # some group has something to compare
-    assert torch.allclose(trls["advantages"], tc.group_advantages(rewards, eps=1e-4).flatten(), atol=1e-6)
-    trainer.credit = Credit(adv_scale="none", baseline="leave_one_out")
-    out = trainer._generate_and_score_completions(batch)
-    rewards = trainer._rewards_per_func[:, 0].view(-1, G)
-    expected = tc.group_advantages(rewards, scale="none", baseline="leave_one_out").flatten()
-    assert torch.equal(out["advantages"], expected)
-    assert out["tc_group"].tolist() == [0] * G + [1] * G
+def family_model(family, tokenizer):
+    """A tiny model of a family, built from its config, with larger weights than its
+    initialisation (embeddings and position tables N(0, 1), matrices N(0, 0.3)): a policy far
+    from uniform whose attention depends on positions."""
+    from transformers import (GPTNeoConfig, GPTNeoForCausalLM, LlamaConfig, LlamaForCausalLM,
+                              OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+               bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+               max_position_embeddings=128)
+    rope = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2, **ids)
+    torch.manual_seed(3)
+    model = {
+        "gpt2": lambda: tiny_model(tokenizer, seed=3),
+        "gpt_neo": lambda: GPTNeoForCausalLM(GPTNeoConfig(
+            hidden_size=32, num_layers=1, num_heads=2, attention_types=[[["global"], 1]], **ids)),
+        "opt": lambda: OPTForCausalLM(OPTConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64,
+            word_embed_proj_dim=32, dropout=0.0, **ids)),
+        "llama": lambda: LlamaForCausalLM(LlamaConfig(**rope)),
+        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**rope)),
+    }[family]()
+    tables = ("wte.weight", "wpe.weight", "embed_tokens.weight", "embed_positions.weight")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:  # weights that make positions and tokens matter (see the test)
+                p.normal_(0.0, 1.0 if name.endswith(tables) else 0.3)
+    return model
+
+
+FAMILIES = {"gpt2": True, "gpt_neo": True, "opt": False, "llama": False, "qwen2": False}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_model_families_loss_equal_and_where_positions_matter(tokenizer, family):
+    """On each family: the bridge's loss and gradient are TRL's (dapo, on the same model); and
+    the position fix, against each row scored alone without padding, matters only for the
+    families that number positions from the left edge (GPT-2, GPT-Neo), not for OPT (positions
+    from the mask itself) or RoPE (relative positions)."""
+    model = family_model(family, tokenizer)
+    stock = make_trainer(copy.deepcopy(model), tokenizer, cls=GRPOTrainer)
+    ours = make_trainer(copy.deepcopy(model), tokenizer)
+    inputs = rollout_batch(ours, LENGTHS)
+    assert_equal_to_trl(ours, inputs, family)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    T, mask = inputs["completion_ids"].shape[1], inputs["completion_mask"].bool()
+    model.eval()
+    with torch.no_grad():
+        alone = torch.zeros(mask.shape)
+        for i in range(len(LENGTHS)):  # each row without padding: positions 0, 1, 2, ...
+            real = ids[i][attention[i].bool()]
+            logits = model(input_ids=real[None]).logits[0, :-1].float()
+            n = int(mask[i].sum())
+            if n:
+                alone[i, :n] = tc.token_logprobs(logits[-n:][None], real[-n:][None])[0]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        stretched = model(input_ids=ids, attention_mask=attention, position_ids=2 * positions)
+        logp = tc.token_logprobs(stretched.logits[:, -T - 1:-1].float(), inputs["completion_ids"])
+        error = dict(stretched=(logp - alone).abs()[mask])  # positions matter in this model
+        for name, trainer in (("stock", stock), ("ours", ours)):
+            trainer.model.eval()
+            logp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, T)[0]
+            error[name] = (logp - alone).abs()[mask]
+    print(f"\n{family}: |log-prob error| per token vs unpadded: " + ", ".join(
+        f"{k} mean {e.mean():.2e} max {e.max():.2e}" for k, e in error.items()))
+    assert error["stretched"].mean() > 0.1
+    assert error["ours"].max() < 1e-4
+    if FAMILIES[family]:
+        assert error["stock"].mean() > 0.1
+    else:
+        assert error["stock"].max() < 1e-4
 
 
 def test_smoke_training_with_accumulation_and_group_token(tokenizer):
-    """A few steps: 2 micro-batches per generation batch (groups shuffled whole), 2 iterations, per-token weights."""
+    """A few steps: 2 micro-batches per generation batch (groups shuffled whole), 2 iterations,
+    per-token weights."""
     model = tiny_model(tokenizer, seed=2)
     before = [p.detach().clone() for p in model.parameters()]
-    credit = Credit(mode="group_token", baseline="leave_one_out", token_weights_fn=high_entropy_weights(0.5))
-    trainer = make_trainer(model, tokenizer, credit, gradient_accumulation_steps=2, steps_per_generation=2,
-                           num_iterations=2, max_steps=4, learning_rate=1e-3, max_completion_length=8)
+    credit = Credit(mode="group_token", baseline="leave_one_out",
+                    token_weights_fn=high_entropy_weights(0.5))
+    trainer = make_trainer(model, tokenizer, credit, gradient_accumulation_steps=2,
+                           steps_per_generation=2, num_iterations=2, max_steps=4,
+                           learning_rate=1e-3, max_completion_length=8)
     trainer.train()
     logged = [r for r in trainer.state.log_history if "tc/clip_frac_low" in r]
     assert len(logged) == 4 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logged)
