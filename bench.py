@@ -1,4 +1,4 @@
-"""bench.py: seconds per update, train_tiny against TRL's GRPOTrainer; --loss: policy_loss's overhead.
+"""bench.py: seconds per update, train_tiny against TRL's GRPOTrainer; --loss: policy_loss's cost.
 
 Both sides do the same work, from the same warm-up checkpoint, on the same device: train_tiny's task
 and verifier, 16 prompts x 8 samples, temperature 1 without top-k or top-p, at most 48 new tokens,
@@ -26,7 +26,7 @@ Then, from the project directory (the warm-up checkpoint is made on first use, 2
     OMP_NUM_THREADS=1 .venv-bench/bin/python bench.py --updates 20 --skip 3
     .venv-bench/bin/python bench.py --device cuda --threads 4    # both sides on the GPU
     python bench.py --updates 3        # without TRL: train_tiny's side only
-    python bench.py --loss             # policy_loss forward+backward against the bare formula; no TRL
+    python bench.py --loss             # policy_loss fwd+bwd against the bare formula; no TRL
     python bench.py --help
 
 Nothing is downloaded: the model and tokenizer come from runs/warmup-*/, and the hub is set offline.
@@ -40,14 +40,16 @@ import sys
 import time
 
 for _name, _value in dict(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                          HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1").items():
+                          HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                          HF_DATASETS_OFFLINE="1").items():
     os.environ.setdefault(_name, _value)
 
 import warnings  # noqa: E402
 
 import torch  # noqa: E402
 
-warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # TRL 1.16 uses names 5.24 renamed
+# TRL 1.16 uses names that transformers 5.24 renamed
+warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -58,35 +60,45 @@ PARTS = ("generate", "score", "update", "total")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="One update = one rollout batch of 16 prompts x 8 samples and its 2 "
-                                            "optimizer steps.\nSetup and examples: see the top of bench.py.")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="where both sides run: auto = CUDA if available, else the CPU (default: auto)")
-    parser.add_argument("--updates", type=int, default=20, help="policy updates per side (default: 20)")
-    parser.add_argument("--skip", type=int, default=3,
-                        help="first updates of each side left out of the medians: start-up, allocator and "
-                             "Trainer warm-up (default: 3, at most --updates - 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompt stream and the sampling (default: 0)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, shared by both sides (default: 1)")
-    parser.add_argument("--no-trl", action="store_true", help="time train_tiny alone, even if TRL is installed")
-    parser.add_argument("--stock-positions", action="store_true",
-                        help="time TRL as shipped, without the position-id fix (its log-probs are then wrong "
-                             "for left-padded prompts; see trl_tokencredit.mask_positions)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="One update = one rollout batch of 16 prompts x 8 samples and its 2 optimizer "
+               "steps.\nSetup and examples: see the top of bench.py.")
+    add = parser.add_argument
+    add("--device", default="auto", choices=("auto", "cpu", "cuda"),
+        help="where both sides run: auto = CUDA if available, else the CPU (default: auto)")
+    add("--updates", type=int, default=20, help="policy updates per side (default: 20)")
+    add("--skip", type=int, default=3,
+        help="first updates of each side left out of the medians: start-up, allocator and "
+             "Trainer warm-up (default: 3, at most --updates - 1)")
+    add("--seed", type=int, default=0,
+        help="seed of the prompt stream and the sampling (default: 0)")
+    add("--threads", type=int, default=1,
+        help="torch CPU threads, shared by both sides (default: 1)")
+    add("--no-trl", action="store_true", help="time train_tiny alone, even if TRL is installed")
+    add("--stock-positions", action="store_true",
+        help="time TRL as shipped, without the position-id fix (its log-probs are then wrong "
+             "for left-padded prompts; see trl_tokencredit.mask_positions)")
     loss = parser.add_argument_group("policy_loss speed check (instead of the comparison with TRL)")
     loss.add_argument("--loss", action="store_true",
-                      help="time tokencredit.policy_loss forward+backward (mode token) against the bare formula")
+                      help="time tokencredit.policy_loss forward+backward (mode token) against the "
+                           "bare formula")
     loss.add_argument("--shape", type=int, nargs=2, default=(256, 4096), metavar=("N", "T"),
-                      help="responses and tokens per response of the random batch (default: 256 4096)")
-    loss.add_argument("--repeats", type=int, default=15, help="timed repeats of each, alternating (default: 15)")
+                      help="responses and tokens per response of the random batch "
+                           "(default: 256 4096)")
+    loss.add_argument("--repeats", type=int, default=15,
+                      help="timed repeats of each, alternating (default: 15)")
     opt = parser.parse_args(argv)
-    if opt.updates < 1 or opt.skip < 0 or opt.threads < 1 or opt.repeats < 1 or min(opt.shape) < 1:
-        parser.error(f"need --updates >= 1, --skip >= 0, --threads >= 1, --repeats >= 1 and --shape >= 1, got "
-                     f"{opt.updates}, {opt.skip}, {opt.threads}, {opt.repeats} and {opt.shape}")
+    if (opt.updates < 1 or opt.skip < 0 or opt.threads < 1 or opt.repeats < 1
+            or min(opt.shape) < 1):
+        parser.error(f"need --updates >= 1, --skip >= 0, --threads >= 1, --repeats >= 1 and "
+                     f"--shape >= 1, got {opt.updates}, {opt.skip}, {opt.threads}, {opt.repeats} "
+                     f"and {opt.shape}")
     if opt.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda was asked for, but torch.cuda.is_available() is False (torch "
-                     f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu or auto")
+                     f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use "
+                     f"--device cpu or auto")
+    opt.requested = opt.device  # tt.describe_device says what was asked for
     opt.device = torch.device("cuda" if opt.device == "auto" and torch.cuda.is_available() else
                               "cpu" if opt.device == "auto" else opt.device)
     opt.skip = min(opt.skip, opt.updates - 1)  # keep at least one update to take the median of
@@ -98,19 +110,15 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def describe(device, threads):
-    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    return f"device {device}{name}, {threads} CPU thread(s)"
-
-
 # -----------------------------------------------------------------------------
 # policy_loss against the bare formula (formerly tokencredit._benchmark)
 
-def time_policy_loss(device, N: int, T: int, repeats: int) -> float:
-    """Median seconds of policy_loss forward + backward over the bare formula's, alternating the two.
+def time_policy_loss(device, requested: str, N: int, T: int, repeats: int) -> float:
+    """Median seconds of policy_loss forward + backward over the bare formula's, alternating.
 
     The bare formula is the same loss written without checks or stats:
-    -min(rho A, clip(rho) A), masked and averaged over real tokens ("token" mode). Returns the ratio.
+    -min(rho A, clip(rho) A), masked and averaged over real tokens ("token" mode). Returns the
+    ratio.
     """
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, T + 1, (N,), generator=g)
@@ -148,15 +156,17 @@ def time_policy_loss(device, N: int, T: int, repeats: int) -> float:
         ours.append(seconds(run_policy_loss))
         bare.append(seconds(run_bare_formula))
     t_ours, t_bare = statistics.median(ours), statistics.median(bare)
-    print(f"N={N} T={T}, {describe(device, torch.get_num_threads())}: policy_loss fwd+bwd {t_ours * 1e3:.1f} ms, "
-          f"bare formula fwd+bwd {t_bare * 1e3:.1f} ms, ratio {t_ours / t_bare:.2f}x (median of {repeats}, "
+    print(tt.describe_device(device, requested))
+    print(f"N={N} T={T}: policy_loss fwd+bwd {t_ours * 1e3:.1f} ms, bare formula fwd+bwd "
+          f"{t_bare * 1e3:.1f} ms, ratio {t_ours / t_bare:.2f}x (median of {repeats}, "
           f"alternating; the two losses differ by {same:.1e})")
     return t_ours / t_bare
 
 
 def load(path, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    return AutoModelForCausalLM.from_pretrained(path).to(device), AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+    return model, AutoTokenizer.from_pretrained(path)
 
 
 # -----------------------------------------------------------------------------
@@ -168,18 +178,19 @@ class TinySide:
         self.model, self.tokenizer = load(ckpt, device)
         self.model.eval()  # as train_method: no dropout, so old and new log-probs agree on-policy
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
-        self.sample_groups = tt.sample_groups_fn(self.model, self.tokenizer, args, tt.ProblemStream(args, seed),
-                                                 device)
+        self.sample_groups = tt.sample_groups_fn(self.model, self.tokenizer, args,
+                                                 tt.ProblemStream(args, seed), device)
         self.args, self.device, self.step = args, device, 0
 
     def update(self):
-        """One train_step. Its generate and score parts end in host reads (decoding, .item()); update is
-        the rest, measured to a synchronisation, since on CUDA the optimizer's work may still be queued."""
+        """One train_step. Its generate and score parts end in host reads (decoding, .item());
+        update is the rest, measured to a synchronisation, since on CUDA the optimizer's work may
+        still be queued."""
         self.step += 1
         sync(self.device)
         start = time.perf_counter()
-        rec = tt.train_step(self.step, self.args, 0.0, self.model, None, self.optimizer, self.tokenizer,
-                            self.sample_groups, self.device)
+        rec = tt.train_step(self.step, self.args, self.model, None, self.optimizer,
+                            self.tokenizer, self.sample_groups, self.device)
         sync(self.device)
         total = time.perf_counter() - start
         return dict(total=total, generate=rec["t_generate"], score=rec["t_score"],
@@ -189,14 +200,17 @@ class TinySide:
 # -----------------------------------------------------------------------------
 # TRL
 
-# TRL times its steps with profiling contexts but reports them only to wandb/mlflow/trackio: keep them here.
+# TRL times its steps with profiling contexts but reports them only to wandb/mlflow/trackio:
+# keep them here.
 PROFILE = []  # (name, seconds, grad enabled)
 
 
 def capture_profile(device):
-    """Keep TRL's profiling durations; on CUDA, synchronise at the start and end of each profiled part."""
+    """Keep TRL's profiling durations; on CUDA, synchronise at the start and end of each profiled
+    part."""
     from trl.extras.profiling import ProfilingContext
-    log, enter, leave = ProfilingContext._log_metrics, ProfilingContext.__enter__, ProfilingContext.__exit__
+    log = ProfilingContext._log_metrics
+    enter, leave = ProfilingContext.__enter__, ProfilingContext.__exit__
 
     def keep(self, duration):
         PROFILE.append((self.name, duration, torch.is_grad_enabled()))
@@ -219,8 +233,9 @@ def make_trainer(args, ckpt, seed, updates, device, callbacks):
     from trl import GRPOTrainer
     from trl_tokencredit import mask_positions, tiny_setup
     model, tokenizer = load(ckpt, device)
-    config, dataset, verifier = tiny_setup(args, seed, updates, device, tokenizer.eos_token_id, loss_type="grpo",
-                                           scale_rewards="group", importance_sampling_level="token")
+    config, dataset, verifier = tiny_setup(args, seed, updates, device, tokenizer.eos_token_id,
+                                           loss_type="grpo", scale_rewards="group",
+                                           importance_sampling_level="token")
     trainer = GRPOTrainer(model=model, reward_funcs=verifier, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=callbacks)
     for callback in (PrinterCallback, ProgressCallback):
@@ -230,21 +245,24 @@ def make_trainer(args, ckpt, seed, updates, device, callbacks):
 
 @torch.no_grad()
 def position_error(trainer, fix, args, ckpt, seed, device):
-    """Mean |log-prob difference| per response token between TRL's scoring forward and train_tiny.score,
-    on 16 x 8 responses sampled by train_tiny.generate: (stock TRL, TRL with mask_positions)."""
+    """Mean |log-prob difference| per response token between TRL's scoring forward and
+    train_tiny.score, on 16 x 8 responses sampled by train_tiny.rollout: (stock TRL, TRL with
+    mask_positions)."""
     model, tokenizer = load(ckpt, device)
     model.eval()
     tt.seed_everything(seed + 1)
     problems = tt.ProblemStream(args, seed + 1).next(args.prompts_per_step)
-    responses, mask, _, _ = tt.generate(model, tokenizer, args, problems, args.group_size, False, device)
-    flat = [t for t in problems for _ in range(args.group_size)]
+    r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
+    flat, responses, mask = r.problems, r.responses, r.mask
     reference = tt.score(model, tokenizer, args, flat, responses, mask)[0][0]
     prompt_ids, prompt_mask = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, flat), device)
-    ids, attention = torch.cat([prompt_ids, responses], 1), torch.cat([prompt_mask, mask.long()], 1)
+    ids = torch.cat([prompt_ids, responses], 1)
+    attention = torch.cat([prompt_mask, mask.long()], 1)
     errors = []
     for with_fix in (False, True):
         hook = fix() if with_fix else None
-        logp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, responses.shape[1])[0]
+        logp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
+                                                          responses.shape[1])[0]
         errors.append(float((logp - reference).abs()[mask].mean()))
         if hook:
             hook.remove()
@@ -252,15 +270,18 @@ def position_error(trainer, fix, args, ckpt, seed, device):
 
 
 def trl_batch(profile, wall):
-    """Split one TRL rollout batch like train_step's record: generate = rollout preparation (sampling,
-    decoding, rewards, advantages) but for the no-grad old log-prob forward, which is score."""
+    """Split one TRL rollout batch like train_step's record: generate = rollout preparation
+    (sampling, decoding, rewards, advantages) but for the no-grad old log-prob forward, which is
+    score."""
     prepare = sum(s for name, s, _ in profile if name.endswith("._prepare_inputs"))
-    score = sum(s for name, s, grad in profile if name.endswith("._get_per_token_logps_and_entropies") and not grad)
+    score = sum(s for name, s, grad in profile
+                if name.endswith("._get_per_token_logps_and_entropies") and not grad)
     return dict(total=wall, generate=prepare - score, score=score, update=wall - prepare)
 
 
 def run_alternating(args, ckpt, opt, tiny):
-    """Train TRL for opt.updates rollout batches; after each, outside TRL's clock, one train_tiny update."""
+    """Train TRL for opt.updates rollout batches; after each, outside TRL's clock, one train_tiny
+    update."""
     from transformers import TrainerCallback
     capture_profile(opt.device)
     trl_rows, tiny_rows = [], []
@@ -279,10 +300,12 @@ def run_alternating(args, ckpt, opt, tiny):
             progress(len(trl_rows), opt, trl=trl_rows[-1], tiny=tiny_rows[-1])
             self.start, self.mark = time.perf_counter(), len(PROFILE)
 
-    trainer, fix, lengths = make_trainer(args, ckpt, opt.seed, opt.updates, opt.device, [Alternate()])
+    trainer, fix, lengths = make_trainer(args, ckpt, opt.seed, opt.updates, opt.device,
+                                         [Alternate()])
     stock, fixed = position_error(trainer, fix, args, ckpt, opt.seed, opt.device)
-    print(f"positions: TRL's log-probs differ from train_tiny.score's by {stock:.3f} nats per token as shipped, "
-          f"by {fixed:.1e} with trl_tokencredit.mask_positions ({'not ' if opt.stock_positions else ''}used below)")
+    print(f"positions: TRL's log-probs differ from train_tiny.score's by {stock:.3f} nats per "
+          f"token as shipped, by {fixed:.1e} with trl_tokencredit.mask_positions "
+          f"({'not ' if opt.stock_positions else ''}used below)")
     if not opt.stock_positions:
         fix()
     trainer.train()
@@ -295,22 +318,23 @@ def run_alternating(args, ckpt, opt, tiny):
 
 def progress(k, opt, **sides):
     if k == 1 or k % 5 == 0 or k == opt.updates:
-        print(f"update {k:3d}/{opt.updates}: " + ", ".join(f"{name} {row['total']:.2f} s" for name, row in
-                                                          sides.items()), flush=True)
+        times = ", ".join(f"{name} {row['total']:.2f} s" for name, row in sides.items())
+        print(f"update {k:3d}/{opt.updates}: {times}", flush=True)
 
 
 def medians(rows, skip):
-    return {key: statistics.median(r[key] for r in rows[skip:]) for key in rows[0] if key in PARTS + ("length",)}
+    return {key: statistics.median(r[key] for r in rows[skip:]) for key in rows[0]
+            if key in PARTS + ("length",)}
 
 
 def main(argv=None):
     opt = parse_args(argv)
     torch.set_num_threads(opt.threads)
     if opt.loss:
-        return dict(ratio=time_policy_loss(opt.device, *opt.shape, opt.repeats))
+        return dict(ratio=time_policy_loss(opt.device, opt.requested, *opt.shape, opt.repeats))
     import transformers
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    tt.quiet_transformers()
+    print(tt.describe_device(opt.device, opt.requested), flush=True)
     # train_tiny's grpo run, without its held-out evaluations inside the timed loop
     args = dataclasses.replace(tt.Args(), **tt.PRESETS["grpo"], steps=10 ** 9, eval_every=10 ** 9)
     _, _, ckpt = tt.load_or_warm_up(args, opt.device, os.path.join(HERE, "runs"))  # makes it once
@@ -319,10 +343,10 @@ def main(argv=None):
         have_trl = not opt.no_trl
     except ImportError:
         trl, have_trl = None, False
-    print(f"bench: {opt.updates} updates per side, medians over the last {opt.updates - opt.skip}; "
-          f"{args.prompts_per_step} prompts x {args.group_size} samples, {args.max_new_tokens} new tokens, "
-          f"{args.update_epochs} optimizer steps per batch, lr {args.lr:g}; {describe(opt.device, opt.threads)}; "
-          f"torch {torch.__version__}, transformers {transformers.__version__}"
+    print(f"bench: {opt.updates} updates per side, medians over the last "
+          f"{opt.updates - opt.skip}; {args.prompts_per_step} prompts x {args.group_size} samples, "
+          f"{args.max_new_tokens} new tokens, {args.update_epochs} optimizer steps per batch, lr "
+          f"{args.lr:g}; torch {torch.__version__}, transformers {transformers.__version__}"
           + (f", trl {trl.__version__}" if have_trl else ""), flush=True)
     tiny = TinySide(args, ckpt, opt.seed, opt.device)
     if have_trl:
@@ -333,8 +357,8 @@ def main(argv=None):
             tiny_rows.append(tiny.update())
             progress(k, opt, train_tiny=tiny_rows[-1])
 
-    print(f"\nseconds per update on {opt.device}, median of updates {opt.skip + 1}-{opt.updates} (each column its "
-          f"own median)")
+    print(f"\nseconds per update on {opt.device}, median of updates {opt.skip + 1}-{opt.updates} "
+          f"(each column its own median)")
     print(f"{'':16s}" + "".join(f"{p:>10s}" for p in PARTS) + f"{'mean len':>10s}")
     results = dict(train_tiny=medians(tiny_rows, opt.skip))
     if trl_rows:
@@ -344,16 +368,17 @@ def main(argv=None):
     if trl_rows:
         ratio = results["TRL GRPOTrainer"]["total"] / results["train_tiny"]["total"]
         print(f"\nTRL / train_tiny, ratio of the median seconds per update: {ratio:.2f}")
-        print("(train_tiny: score is the conditioned/reference scoring, none for GRPO; its old log-probs come from "
-              "the first epoch's forward, inside update.\n TRL: score is its no-grad old log-prob forward; "
-              "generate is the rest of its rollout preparation, rewards included, as in train_tiny.)")
+        print("(train_tiny: score is the conditioned/reference scoring, none for GRPO; its old "
+              "log-probs come from the first epoch's forward, inside update.\n TRL: score is its "
+              "no-grad old log-prob forward; generate is the rest of its rollout preparation, "
+              "rewards included, as in train_tiny.)")
         results["ratio"] = ratio
     elif opt.no_trl:
         print("\n--no-trl: only train_tiny was timed.")
     else:
-        print("\nTRL is not installed here, so only train_tiny was timed. For the comparison with TRL's "
-              "GRPOTrainer:\n    python -m venv .venv-bench && .venv-bench/bin/pip install -r requirements-bench.txt"
-              "\n    OMP_NUM_THREADS=1 .venv-bench/bin/python bench.py")
+        print("\nTRL is not installed here, so only train_tiny was timed. For the comparison with "
+              "TRL's GRPOTrainer:\n    python -m venv .venv-bench && .venv-bench/bin/pip install "
+              "-r requirements-bench.txt\n    OMP_NUM_THREADS=1 .venv-bench/bin/python bench.py")
     return results
 
 
