@@ -99,9 +99,11 @@ def _trl_says(config) -> dict:
     if config.loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown GRPOConfig(loss_type={config.loss_type!r}); tokencredit "
                          f"expresses {sorted(LOSS_TYPES)}")
-    if config.importance_sampling_level not in RATIO_LEVELS:
-        raise ValueError(f"unknown GRPOConfig(importance_sampling_level="
-                         f"{config.importance_sampling_level!r})")
+    for setting, known in (("importance_sampling_level", RATIO_LEVELS),
+                           ("scale_rewards", SCALE_REWARDS)):
+        if getattr(config, setting) not in known:
+            raise ValueError(f"unknown GRPOConfig({setting}={getattr(config, setting)!r}); "
+                             f"expected one of {sorted(known)}")
     says = dict(adv_eps=(TRL_EPS, None), baseline=("mean", None),
                 max_len=(config.max_completion_length, None), token_count=("global", None),
                 adv_scale=(SCALE_REWARDS[config.scale_rewards], "scale_rewards"),
