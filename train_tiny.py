@@ -12,7 +12,7 @@ adding 9 (15+9=14) 60% of the time, so greedy decoding errs there; 8% of other s
 budget (truncated, wrong). A quarter of its demonstrations carry the verdict before the prompt,
 "Y" or "N": the conditions CSCR and OPSD score under.
 
-    python train_tiny.py --quick        # a first look: a smaller task
+    python train_tiny.py --quick        # a first look: GRPO on a smaller task, about a minute
     python train_tiny.py                # five methods on the full task
     python train_tiny.py --quick --methods grpo --impl my/tokencredit.py   # your own equations
 """
@@ -49,7 +49,7 @@ class Args:
     seeds: str = arg("0", "comma-separated seeds; each seed runs every method")
     name: str = arg("default", "results go to runs/<name>/")
     device: str = arg("auto", "auto (CUDA if present, else MPS, else CPU), cpu, cuda or mps")
-    quick: bool = arg(False, "a first look: a smaller task, a shorter warm-up, fewer updates")
+    quick: bool = arg(False, "a first look: GRPO alone on a smaller task (see QUICK below)")
     impl: str = arg("", "a tokencredit.py to run instead of this folder's (or TOKENCREDIT_IMPL)")
     # the task, and the demonstrator whose habits the warm-up imitates
     min_terms: int = arg(2, "fewest numbers in a problem")
@@ -127,9 +127,9 @@ PRESETS: Dict[str, Dict[str, object]] = {
     "entropy80": dict(adv_scale="std", loss_mode="sample", eps_low=0.2, eps_high=0.2,
                       entropy_top=0.2),
 }
-QUICK = dict(name="quick", max_terms=3, max_value=5, misconception="5", max_new_tokens=32,
-             warmup_steps=150, steps=12, prompts_per_step=8, eval_size=100, eval_every=6,
-             log_every=6)
+QUICK = dict(name="quick", methods="grpo", max_terms=3, max_value=5, misconception="5",
+             max_new_tokens=32, warmup_steps=300, steps=40, eval_size=100, eval_every=10,
+             log_every=10)  # GRPO alone, on 2-3 numbers up to 5 (forgetting the carry of a 5)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
 HELD_OUT_STREAM, EVAL_SAMPLING_STREAM = 10 ** 6, 2  # seeds: warmup_seed + these (lab: 1, 3, 4)
 
