@@ -113,6 +113,21 @@ def sync(device):
 # -----------------------------------------------------------------------------
 # policy_loss against the bare formula (formerly tokencredit._benchmark)
 
+def count_reads(fn) -> int:
+    """How often fn reads a tensor's value back to Python (.item(), .tolist(), bool(), ...): on a
+    GPU each read waits for the device."""
+    reads, real = [], {m: getattr(torch.Tensor, m) for m in
+                       ("item", "tolist", "__bool__", "__float__", "__int__")}
+    for m, method in real.items():
+        setattr(torch.Tensor, m, lambda self, *a, _m=method: reads.append(1) or _m(self, *a))
+    try:
+        fn()
+    finally:
+        for m, method in real.items():
+            setattr(torch.Tensor, m, method)
+    return len(reads)
+
+
 def time_policy_loss(device, requested: str, N: int, T: int, repeats: int) -> float:
     """Median seconds of policy_loss forward + backward over the bare formula's, alternating.
 
@@ -151,6 +166,7 @@ def time_policy_loss(device, requested: str, N: int, T: int, repeats: int) -> fl
         return time.perf_counter() - start
 
     same = (run_policy_loss() - run_bare_formula()).abs().item()  # also the warm-up
+    print(f"host reads of the device per policy_loss call: {count_reads(run_policy_loss)}")
     ours, bare = [], []
     for _ in range(repeats):  # alternate, so that a busy moment slows both alike
         ours.append(seconds(run_policy_loss))

@@ -88,9 +88,14 @@ def pass_at_group(model, tokenizer, args, problems, device) -> Dict[str, float]:
 
 def report_pass_at_group(model, tokenizer, args, problems, device) -> dict:
     reach = pass_at_group(model, tokenizer, args, problems, device)
-    print(f"\nthe starting policy, {args.group_size} samples per held-out problem: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in reach.items()))
+    print("\n" + format_reach(reach, args.group_size))
     return reach
+
+
+def format_reach(reach: dict, G: int) -> str:
+    keys = ("pass@1", f"pass@{G}", "longest/shortest in a group", "groups with a truncated answer")
+    return (f"the starting policy, {G} samples per held-out problem: "
+            + ", ".join(f"{k} {reach[k]:.3f}" for k in keys))
 
 
 # -----------------------------------------------------------------------------
@@ -124,7 +129,9 @@ def load_run(path: str) -> dict:
                          evals={str(x["step"]): {k: compact(x[f"eval_{k}"]) for k in EVAL_KEYS}
                                 for x in mine if "eval_accuracy" in x}))
     return dict(name=os.path.basename(os.path.normpath(path)), config=results["config"],
-                start={k: compact(v) for k, v in results["start"].items()}, runs=runs,
+                start={k: compact(v) for k, v in {**results["start"],
+                                                  **results.get("pass_at_group", {})}.items()},
+                runs=runs,
                 **{k: results[k] for k in ("one_step", "diagnosis") if k in results})
 
 
@@ -195,7 +202,8 @@ def format_results(run: dict) -> str:
              f"greedy, and the mean of {c['eval_samples']} samples at temperature "
              f"{c['temperature']:g}), mean +- std over seeds {', '.join(map(str, seeds))}; from "
              f"{s['accuracy']:.3f} greedy ({s['accuracy_misconception']:.3f} where the "
-             f"misconception applies) and {s['sampled_accuracy']:.3f} sampled:",
+             f"misconception applies) and {s['sampled_accuracy']:.3f} sampled "
+             f"({s['sampled_accuracy_misconception']:.3f}):",
              "| method " + TABLE_HEADER, "|---" * 8 + "|"]
     lines += [format_row(m, summarise(run, m)) for m in methods_of(run)]
     return "\n".join(lines)
@@ -317,26 +325,45 @@ def format_knobs(runs: Dict[str, dict]) -> str:
 
 
 def report(argv: List[str]) -> dict:
-    """python lab.py report PATH... [--save DIR]: every table again, from runs/NAME folders or
-    their compact copies results/NAME.json; --save DIR writes those compact copies."""
-    save = argv[argv.index("--save") + 1] if "--save" in argv else None
-    paths = [p for p in argv if p not in ("--save", save)]
-    if not paths:
-        raise SystemExit("usage: python lab.py report PATH... [--save DIR]")
-    runs = {run["name"]: run for run in map(load_run, paths)}
+    """python lab.py report PATH... [--save DIR] [--curves DIR]: every table again, from
+    runs/NAME folders or their compact copies results/NAME.json; --save DIR writes those compact
+    copies, --curves DIR draws each run's curves as DIR/NAME-curves.png."""
+    options, paths, words = {}, [], iter(argv)
+    for word in words:
+        if word in ("--save", "--curves"):
+            options[word] = next(words, None)
+        else:
+            paths.append(word)
+    save = options.get("--save")
+    if not paths or None in options.values():
+        raise SystemExit("usage: python lab.py report PATH... [--save DIR] [--curves DIR]")
+    runs, printed = {run["name"]: run for run in map(load_run, paths)}, []
+
+    def show(text):  # a table once, however many runs share it (the same warm-up, say)
+        if text not in printed:
+            printed.append(text)
+            print("\n" + text)
     for name, run in runs.items():
         if save:
             os.makedirs(save, exist_ok=True)
             with open(os.path.join(save, f"{name}.json"), "w") as f:
                 json.dump(run, f, separators=(",", ":"))
         if not name.startswith("knob-"):
-            print(f"\n## {name}\n\n" + format_results(run))
+            if "--curves" in options:
+                plot_curves(run, os.path.join(options["--curves"], f"{name}-curves.png"))
+            print(f"\n## {name}")
+            if "pass@1" in run["start"]:
+                show(format_reach(run["start"], run["config"]["group_size"]))
+            show(format_results(run))
+            show(format_rollouts([run]))
             for key, fmt in (("one_step", format_one_step), ("diagnosis", format_diagnosis)):
                 if run.get(key):
-                    print("\n" + fmt(run[key]))
-    print("\n" + format_rollouts(list(runs.values())))
+                    show(fmt(run[key]))
     if all(name in runs for _, name, _, _ in KNOBS):
-        print("\n" + format_knobs(runs))
+        print("\n## one knob at a time")
+        show(format_knobs(runs))
+        knob_runs = dict.fromkeys(name for _, name, _, knob in KNOBS if knob)  # in table order
+        show(format_rollouts([runs[name] for name in knob_runs]))
     return runs
 
 

@@ -1,12 +1,15 @@
-"""The documentation held to the code: the README's worked examples are computed here, and every
-link into the code opens the function it names. Run: python -m pytest -q
+"""The documentation held to the code: the README's worked examples are computed here, every link
+into the code opens the function it names, and every result table is what `python lab.py report
+results/*.json` prints from the committed runs. Run: python -m pytest -q
 """
 
+import glob
 import os
 import re
 
 import torch
 
+import lab
 import tokencredit as tc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,3 +89,32 @@ def test_readme_code_links_open_their_functions():
     for name, path, line in links:
         lines = open(os.path.join(HERE, path)).read().splitlines()
         assert lines[int(line) - 1].startswith(f"def {name}("), f"{name} is not at {path}:{line}"
+
+
+def tables(text: str) -> list:
+    """The markdown tables of text, each as its lines."""
+    found, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            found, current = found + [current], []
+    return found
+
+
+def test_result_tables_are_what_the_report_prints(capsys):
+    """Every table of README.md and docs/ whose header is one of `python lab.py report
+    results/*.json`'s is exactly a table that command prints from the committed results."""
+    lab.report(sorted(glob.glob(os.path.join(HERE, "results", "*.json"))))
+    printed = tables(capsys.readouterr().out)
+    headers = {table[0] for table in printed}
+    pages = ["README.md"] + [os.path.join("docs", page)
+                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    checked = 0
+    for page in pages:
+        for table in tables(open(os.path.join(HERE, page)).read()):
+            if table[0] in headers:
+                assert table in printed, f"{page}: this table is not what the report prints:\n" + \
+                    "\n".join(table)
+                checked += 1
+    assert checked >= 6  # README: results, one knob; lab.md: rollouts x 2, diagnosis; onestep.md
