@@ -128,7 +128,10 @@ def load_run(path: str) -> dict:
                          updates={k: [compact(x.get(k)) for x in mine] for k in UPDATE_KEYS},
                          evals={str(x["step"]): {k: compact(x[f"eval_{k}"]) for k in EVAL_KEYS}
                                 for x in mine if "eval_accuracy" in x}))
+    methods = {label: {k: v for k, v in args.items() if v != results["config"].get(k)}
+               for label, args in results.get("methods", {}).items()}  # what a preset changed
     return dict(name=os.path.basename(os.path.normpath(path)), config=results["config"],
+                methods=methods,
                 start={k: compact(v) for k, v in {**results["start"],
                                                   **results.get("pass_at_group", {})}.items()},
                 runs=runs,
