@@ -54,6 +54,7 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tokencredit as tc  # noqa: E402
+import tiny_task  # noqa: E402
 import train_tiny as tt  # noqa: E402
 
 PARTS = ("generate", "score", "update", "total")
@@ -98,7 +99,7 @@ def parse_args(argv=None):
         parser.error(f"--device cuda was asked for, but torch.cuda.is_available() is False (torch "
                      f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use "
                      f"--device cpu or auto")
-    opt.requested = opt.device  # tt.describe_device says what was asked for
+    opt.requested = opt.device  # tiny_task.describe_device says what was asked for
     opt.device = torch.device("cuda" if opt.device == "auto" and torch.cuda.is_available() else
                               "cpu" if opt.device == "auto" else opt.device)
     opt.skip = min(opt.skip, opt.updates - 1)  # keep at least one update to take the median of
@@ -172,7 +173,7 @@ def time_policy_loss(device, requested: str, N: int, T: int, repeats: int) -> fl
         ours.append(seconds(run_policy_loss))
         bare.append(seconds(run_bare_formula))
     t_ours, t_bare = statistics.median(ours), statistics.median(bare)
-    print(tt.describe_device(device, requested))
+    print(tiny_task.describe_device(device, requested))
     print(f"N={N} T={T}: policy_loss fwd+bwd {t_ours * 1e3:.1f} ms, bare formula fwd+bwd "
           f"{t_bare * 1e3:.1f} ms, ratio {t_ours / t_bare:.2f}x (median of {repeats}, "
           f"alternating; the two losses differ by {same:.1e})")
@@ -190,12 +191,12 @@ def load(path, device):
 
 class TinySide:
     def __init__(self, args, ckpt, seed, device):
-        tt.seed_everything(seed)
+        tiny_task.seed_everything(seed)
         self.model, self.tokenizer = load(ckpt, device)
         self.model.eval()  # as train_method: no dropout, so old and new log-probs agree on-policy
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
         self.sample_groups = tt.sample_groups_fn(self.model, self.tokenizer, args,
-                                                 tt.ProblemStream(args, seed), device)
+                                                 tiny_task.ProblemStream(args, seed), device)
         self.args, self.device, self.step = args, device, 0
 
     def update(self):
@@ -266,12 +267,13 @@ def position_error(trainer, fix, args, ckpt, seed, device):
     mask_positions)."""
     model, tokenizer = load(ckpt, device)
     model.eval()
-    tt.seed_everything(seed + 1)
-    problems = tt.ProblemStream(args, seed + 1).next(args.prompts_per_step)
+    tiny_task.seed_everything(seed + 1)
+    problems = tiny_task.ProblemStream(args, seed + 1).next(args.prompts_per_step)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     flat, responses, mask = r.problems, r.responses, r.mask
     reference = tt.score(model, tokenizer, args, flat, responses, mask)[0][0]
-    prompt_ids, prompt_mask = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, flat), device)
+    texts = tiny_task.prompt_texts(flat)
+    prompt_ids, prompt_mask = tiny_task.tokenize_prompts(tokenizer, texts, device)
     ids = torch.cat([prompt_ids, responses], 1)
     attention = torch.cat([prompt_mask, mask.long()], 1)
     errors = []
@@ -349,11 +351,12 @@ def main(argv=None):
     if opt.loss:
         return dict(ratio=time_policy_loss(opt.device, opt.requested, *opt.shape, opt.repeats))
     import transformers
-    tt.quiet_transformers()
-    print(tt.describe_device(opt.device, opt.requested), flush=True)
+    tiny_task.quiet_transformers()
+    print(tiny_task.describe_device(opt.device, opt.requested), flush=True)
     # train_tiny's grpo run, without its held-out evaluations inside the timed loop
     args = dataclasses.replace(tt.Args(), **tt.PRESETS["grpo"], steps=10 ** 9, eval_every=10 ** 9)
-    _, _, ckpt = tt.load_or_warm_up(args, opt.device, os.path.join(HERE, "runs"))  # makes it once
+    # the warm-up: made once
+    _, _, ckpt = tiny_task.load_or_warm_up(args, opt.device, os.path.join(HERE, "runs"))
     try:
         import trl
         have_trl = not opt.no_trl

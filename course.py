@@ -68,9 +68,9 @@ MISTAKES = (  # plausible wrong answers that selfcheck plants: (exercise, what, 
      "torch.quantile(real, top_fraction)"),
 )
 
-HANDOUT = ("tokencredit.py", TESTS, "train_tiny.py", "lab.py", "course.py", "requirements.txt",
-           "LICENSE", "docs/course.md", "docs/lab.md", "docs/onestep.md", "docs/onestep.png",
-           "docs/credit.png", "results")  # left out: the other solutions (see HANDOUT_README)
+HANDOUT = ("tokencredit.py", TESTS, "train_tiny.py", "tiny_task.py", "lab.py", "course.py",
+           "requirements.txt", "LICENSE", "docs/course.md", "docs/lab.md", "docs/onestep.md",
+           "docs/onestep.png", "docs/credit.png", "results")  # not the other solutions: below
 HANDOUT_README = """# tokencredit: course handout ({set_name}: exercises {exercises})
 
 The exercise sheet is docs/course.md. Write the functions of your exercises in tokencredit.py:
@@ -99,7 +99,10 @@ def functions(source: str) -> dict:
     return {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
 
 
-def is_check(statement) -> bool:  # `_check_x(...)` or `y = _check_x(...)`: kept in a blank
+def is_check(statement) -> bool:
+    """`_check_x(...)`, `y = _check_x(...)`, or an `if` that holds only checks: kept in a blank."""
+    if isinstance(statement, ast.If):
+        return not statement.orelse and all(is_check(s) for s in statement.body)
     value = getattr(statement, "value", None)
     return (isinstance(statement, (ast.Expr, ast.Assign)) and isinstance(value, ast.Call)
             and isinstance(value.func, ast.Name) and value.func.id.startswith("_check"))
@@ -232,10 +235,14 @@ def format_rows(rows, verbose: bool) -> str:
         lines.append(f"exercise {k}  {EXERCISES[k][0]:<20} {passed:3d}/{total:<3d} tests "
                      f"{points:5.1f}/{max_points} points{note}")
         for name, failure in list(failed.items())[:12] if verbose else []:
-            first = next((ln for ln in failure.splitlines() if ln.strip()), "")[:110]
-            lines.append(f"    FAILED {name}: {first}")
+            said = [ln.strip()[:110] for ln in failure.split("\n\n")[0].splitlines() if ln.strip()]
+            lines.append(f"    FAILED {name}: " + "\n        ".join(said[:3]))
     score, top = sum(r[3] for r in rows), sum(r[4] for r in rows)
     lines.append(f"total {score:.1f}/{top} points")
+    if any(r[5] for r in rows):
+        lines.append("A blocked test counts as failed until the exercise it waits for is written. "
+                     "The instructor's\ngrade runs each exercise with the complete functions for "
+                     "the rest, so nothing is blocked there.")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from typing import Dict, List
 
 import torch
 
+import tiny_task
 import train_tiny as tt  # its tokencredit is tt.tc: a student's, with --impl
 
 # the lab's fixed random streams, as offsets from --warmup-seed (train_tiny's use 2 and 10 ** 6)
@@ -42,7 +43,7 @@ def main(argv=None) -> dict:
     results = tt.main(argv)  # the RL runs: prints the progress and the accuracy before and after
     out_dir = os.path.join("runs", results["config"]["name"])
     args = tt.Args(**results["config"])
-    model, tokenizer, _ = tt.load_or_warm_up(args, results["device"], "runs")  # the start
+    model, tokenizer, _ = tiny_task.load_or_warm_up(args, results["device"], "runs")  # the start
     problems = tt.held_out_problems(args)
     strength = next((a["cscr_strength"] for a in results["methods"].values()
                      if a["cscr_strength"] > 0), 1.0)  # the first CSCR strength asked for, else 1
@@ -74,7 +75,7 @@ def main(argv=None) -> dict:
 def pass_at_group(model, tokenizer, args, problems, device) -> Dict[str, float]:
     """pass@1 (the mean accuracy of samples) and pass@G (some sample of the G is right): can a
     group contrast a right answer with a wrong one? And how much do one prompt's lengths differ?"""
-    tt.seed_everything(args.warmup_seed + PASS_AT_G_STREAM)
+    tiny_task.seed_everything(args.warmup_seed + PASS_AT_G_STREAM)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     correct = r.correct.view(len(problems), args.group_size)  # (B, G)
     lengths = r.mask.sum(dim=1).float().view(len(problems), args.group_size)  # (B, G)
@@ -387,7 +388,7 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     Delta is that credit times how much log pi(o_t) responds to the parameters, summed over every
     token's push. Returns Delta (N, T) keyed by weighting, and the batch it was measured on.
     """
-    tt.seed_everything(args.warmup_seed + ONE_STEP_STREAM)
+    tiny_task.seed_everything(args.warmup_seed + ONE_STEP_STREAM)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     correct, mask, G = r.correct.to(device), r.mask, args.group_size  # (N,), (N, T)
     rewards = torch.where(correct, args.reward_correct, args.reward_wrong).float().view(-1, G)
@@ -603,7 +604,7 @@ def diagnose(model, tokenizer, args, problems, strength: float, device):
     """Sample G responses per problem from the starting policy and score them under c+ and c-:
     do the two assertions push each token class the same way, and what weight does CSCR give
     it? Returns (diagnosis dict, data for the credit picture)."""
-    tt.seed_everything(args.warmup_seed + DIAGNOSIS_STREAM)
+    tiny_task.seed_everything(args.warmup_seed + DIAGNOSIS_STREAM)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     mask = r.mask
     (logp, logits), (logp_pos, _), (logp_neg, _) = tt.score(

@@ -19,7 +19,7 @@ def test_a_blank_keeps_signature_docstring_and_leading_checks_only():
             assert ast.dump(defs[name].args) == ast.dump(ref[name].args)
             assert ast.get_docstring(defs[name]) == ast.get_docstring(ref[name])
             leading = 0  # the reference's input checks after the docstring, read as text
-            while re.match(r"(\w+(, \w+)* = )?_check_\w+\(", ast.unparse(ref_body[1 + leading])):
+            while checks_only(ref_body[1 + leading]):
                 leading += 1
             assert leading > 0 and [ast.unparse(s) for s in body[1:-1]] == [
                 ast.unparse(s) for s in ref_body[1:1 + leading]]
@@ -27,6 +27,22 @@ def test_a_blank_keeps_signature_docstring_and_leading_checks_only():
     given = set(ref) - {n for _, names, _ in course.EXERCISES.values() for n in names}
     assert all(ast.dump(defs[n]) == ast.dump(ref[n]) for n in given)  # the rest is untouched
     exec(compile(blank, "blank.py", "exec"), {})  # and the file still imports
+
+
+def checks_only(statement) -> bool:  # `_check_x(...)`, or an `if` with nothing else inside
+    if isinstance(statement, ast.If):
+        return not statement.orelse and all(checks_only(s) for s in statement.body)
+    return bool(re.match(r"(\w+(, \w+)* = )?_check_\w+\(", ast.unparse(statement)))
+
+
+def test_a_blank_keeps_the_checks_a_mode_asks_for():
+    """loss_denominators checks group_size only for "group_token" and max_len only for
+    "constant": the student keeps both checks, so no test asks for a message's wording."""
+    body = course.functions(course.blank(REFERENCE, [5]))["loss_denominators"].body
+    kept = [ast.unparse(s) for s in body[1:-1]]
+    assert [line.split("\n")[0] for line in kept] == [
+        "mask = _check_mask(mask)", "_check_choice(mode, 'mode', AGGREGATION_MODES)",
+        "_check_dtype(dtype)", "if mode == 'group_token':", "if mode == 'constant':"]
 
 
 def test_substitute_takes_only_the_named_functions_and_the_students_helpers():

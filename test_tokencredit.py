@@ -8,8 +8,6 @@ equations, one token at a time), and its invariants. Run: python -m pytest -q
 import functools
 import itertools
 import math
-import os
-import re
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for train_tiny.py and lab.py: the task and its verifier, sampling and scoring, the training
+"""Tests for tiny_task.py, train_tiny.py and lab.py: the task and its verifier, sampling and scoring, the training
 path, the lab's measurements, the command line, and one real run that must learn.
 
 Tests that compare numbers across runs ask for --device cpu; the others accept what auto picks.
@@ -16,6 +16,7 @@ import torch
 
 import lab
 import tokencredit as tc
+import tiny_task
 import train_tiny as tt
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -25,9 +26,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # the task: the demonstrator, the overlong zone and the verifier
 
 def test_render_problem_and_a_slip_carried_forward():
-    assert tt.render_problem([6, 9, 8]) == "6+9+8="
+    assert tiny_task.render_problem([6, 9, 8]) == "6+9+8="
     for seed in range(20):  # every step slips by 1 or 2; the next step starts from the slipped total
-        text, _ = tt.demonstrate([6, 9, 8], demo_args(slip_rate=1.0), random.Random(seed))
+        text, _ = tiny_task.demonstrate([6, 9, 8], demo_args(slip_rate=1.0), random.Random(seed))
         first, second = text.split(">")[0].split(",")
         assert first[:4] == "6+9=" and int(first[4:]) in (13, 14, 16, 17) and second.startswith(first[4:] + "+8=")
 
@@ -40,27 +41,27 @@ def demo_args(**rates):
 def test_demonstrator_habits_hand_worked():
     rng = random.Random(0)
     # the misconception: 15+9 forgets the carry (14), and the error is carried to the answer
-    assert tt.demonstrate([6, 9, 9], demo_args(misconception_rate=1.0), rng) == ("6+9=5,5+9=4>4", True)
-    assert tt.demonstrate([5, 5, 9], demo_args(misconception_rate=1.0), rng) == ("5+5=10,10+9=19>19", True)  # no carry
-    assert tt.meets_misconception([6, 9, 9], tt.Args()) and not tt.meets_misconception([5, 5, 9], tt.Args())
-    assert tt.demonstrate([6, 9, 8], demo_args(), rng) == ("6+9=15,15+8=23>23", True)
-    text, finished = tt.demonstrate([6, 9, 8], demo_args(recheck_rate=1.0), rng)
+    assert tiny_task.demonstrate([6, 9, 9], demo_args(misconception_rate=1.0), rng) == ("6+9=5,5+9=4>4", True)
+    assert tiny_task.demonstrate([5, 5, 9], demo_args(misconception_rate=1.0), rng) == ("5+5=10,10+9=19>19", True)  # no carry
+    assert tiny_task.meets_misconception([6, 9, 9], tt.Args()) and not tiny_task.meets_misconception([5, 5, 9], tt.Args())
+    assert tiny_task.demonstrate([6, 9, 8], demo_args(), rng) == ("6+9=15,15+8=23>23", True)
+    text, finished = tiny_task.demonstrate([6, 9, 8], demo_args(recheck_rate=1.0), rng)
     assert finished and text in ("6+9=15,6+9=15,15+8=23>23", "6+9=15,15+8=23,15+8=23>23")
-    assert tt.verify([6, 9, 8], text, finished) and tt.has_repeated_step(text)
-    text, finished = tt.demonstrate([6, 9, 8], demo_args(loop_rate=1.0), rng)
-    assert not finished and len(text) == tt.Args().max_new_tokens and tt.has_repeated_step(text)
-    assert not tt.verify([6, 9, 8], text, finished) and not tt.has_repeated_step("6+9=15,15+8=23>23")
+    assert tiny_task.verify([6, 9, 8], text, finished) and tiny_task.has_repeated_step(text)
+    text, finished = tiny_task.demonstrate([6, 9, 8], demo_args(loop_rate=1.0), rng)
+    assert not finished and len(text) == tt.Args().max_new_tokens and tiny_task.has_repeated_step(text)
+    assert not tiny_task.verify([6, 9, 8], text, finished) and not tiny_task.has_repeated_step("6+9=15,15+8=23>23")
 
 
 def test_demonstrator_rates_and_the_overlong_zone():
     """The habits appear at their rates, and no right demonstration reaches DAPO's soft overlong zone."""
     args, rng = tt.Args(), random.Random(1)
-    outcomes = [(terms, *tt.demonstrate(terms, args, rng)) for terms in tt.ProblemStream(args, 2).next(4000)]
+    outcomes = [(terms, *tiny_task.demonstrate(terms, args, rng)) for terms in tiny_task.ProblemStream(args, 2).next(4000)]
     loops = sum(not finished for _, _, finished in outcomes) / len(outcomes)
-    rechecks = sum(finished and tt.has_repeated_step(t) for _, t, finished in outcomes) / len(outcomes)
+    rechecks = sum(finished and tiny_task.has_repeated_step(t) for _, t, finished in outcomes) / len(outcomes)
     assert loops == pytest.approx(args.loop_rate, abs=0.015)
     assert rechecks == pytest.approx(args.recheck_rate, abs=0.025)
-    right_lengths = [len(t) + 1 for terms, t, finished in outcomes if tt.verify(terms, t, finished)]  # + <eos>
+    right_lengths = [len(t) + 1 for terms, t, finished in outcomes if tiny_task.verify(terms, t, finished)]  # + <eos>
     assert max(right_lengths) <= args.max_new_tokens - args.overlong_cache
     longest = "9+9=18,18+9=27,27+9=36,36+9=45,36+9=45>45"  # five nines, a re-checked two-digit step
     assert len(longest) + 1 == args.max_new_tokens - args.overlong_cache
@@ -79,17 +80,17 @@ def test_demonstrator_rates_and_the_overlong_zone():
     ("", True, False),                      # empty
 ])
 def test_verify(response, complete, expected):
-    assert tt.verify([6, 9, 8], response, complete) is expected
+    assert tiny_task.verify([6, 9, 8], response, complete) is expected
 
 
 def test_response_mask_and_token_classes():
-    tok = tt.build_tokenizer()
+    tok = tiny_task.build_tokenizer()
     eos, pad = tok.eos_token_id, tok.pad_token_id
     ids = [tok.convert_tokens_to_ids(c) for c in "3+4=7>7"] + [eos]
     responses = torch.tensor([ids + [pad, pad], ids[:5] + [eos, 5, 6, 7, 8]])
-    mask, complete = tt.response_mask(responses, eos)
+    mask, complete = tiny_task.response_mask(responses, eos)
     assert mask.sum(dim=1).tolist() == [8, 6] and complete.tolist() == [True, True]
-    mask, complete = tt.response_mask(torch.tensor([ids[:7] + [5, 6, 7]]), eos)
+    mask, complete = tiny_task.response_mask(torch.tensor([ids[:7] + [5, 6, 7]]), eos)
     assert mask.all() and complete.tolist() == [False]
     # 3 + 4 = 7 > 7 eos : intermediate, operator, intermediate, operator, intermediate, format, answer, format
     assert lab.token_classes(tok, torch.tensor([ids]))[0].tolist() == [1, 2, 1, 2, 1, 3, 0, 3]
@@ -100,8 +101,8 @@ def test_response_mask_and_token_classes():
 
 def tiny_policy(seed=0, device="cpu"):
     torch.manual_seed(seed)
-    tokenizer = tt.build_tokenizer()
-    return tt.build_tiny_model(tt.Args(n_layer=1, n_embd=32, n_head=2), tokenizer).to(device).eval(), tokenizer
+    tokenizer = tiny_task.build_tokenizer()
+    return tiny_task.build_tiny_model(tt.Args(n_layer=1, n_embd=32, n_head=2), tokenizer).to(device).eval(), tokenizer
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -110,10 +111,10 @@ def test_scored_logprobs_equal_the_sampling_distribution(device):
     model, tokenizer = tiny_policy(device=device)
     args = tt.Args(max_new_tokens=10)
     problems = [[1, 2], [3, 4, 5, 6], [7, 8, 9]]  # prompts of different lengths: left padding matters
-    ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(args, problems), device)
+    ids, attention = tiny_task.tokenize_prompts(tokenizer, tiny_task.prompt_texts(problems), device)
     torch.manual_seed(1)
-    sampled, logits = tt.sample_tokens(model, ids, attention, 10, False, 1.0, tokenizer.eos_token_id)
-    mask, _ = tt.response_mask(sampled, tokenizer.eos_token_id)
+    sampled, logits = tiny_task.sample_tokens(model, ids, attention, 10, False, 1.0, tokenizer.eos_token_id)
+    mask, _ = tiny_task.response_mask(sampled, tokenizer.eos_token_id)
     (logp, _), = tt.score(model, tokenizer, args, problems, sampled.masked_fill(~mask, tokenizer.pad_token_id), mask)
     assert torch.allclose(logp[mask], tc.token_logprobs(logits, sampled)[mask], atol=1e-4)
     assert mask.sum() > 6
@@ -122,10 +123,10 @@ def test_scored_logprobs_equal_the_sampling_distribution(device):
 def test_sampling_loop_matches_transformers_generate():
     """Greedy decoding with our KV-cache loop writes exactly what model.generate() writes."""
     model, tokenizer = tiny_policy()
-    ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(tt.Args(), [[1, 2], [3, 4, 5, 6]]), "cpu")
+    ids, attention = tiny_task.tokenize_prompts(tokenizer, tiny_task.prompt_texts([[1, 2], [3, 4, 5, 6]]), "cpu")
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    ours, _ = tt.sample_tokens(model, ids, attention, 12, True, 1.0, eos)
-    mask, _ = tt.response_mask(ours, eos)
+    ours, _ = tiny_task.sample_tokens(model, ids, attention, 12, True, 1.0, eos)
+    mask, _ = tiny_task.response_mask(ours, eos)
     theirs = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=12, do_sample=False,
                             pad_token_id=pad, eos_token_id=eos)[:, ids.shape[1]:]
     assert torch.equal(ours.masked_fill(~mask, pad), theirs)  # generate() pads after <eos>
@@ -345,8 +346,8 @@ def test_bad_arguments(argv, message):
 def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="--device cuda was asked for, but torch .* finds no CUDA device here"):
-        tt.pick_device("cuda")
-    assert tt.pick_device("auto").type in ("cpu", "mps")
+        tiny_task.pick_device("cuda")
+    assert tiny_task.pick_device("auto").type in ("cpu", "mps")
 
 
 def test_command_line_error_is_one_line():
@@ -379,13 +380,13 @@ def test_how_much_the_evaluation_set_overlaps_training(monkeypatch):
     """The 200 evaluation problems come from their own seeded stream, but one-digit sums repeat: the README
     states how many also occur among the warm-up's prompts (0.71) and seed 0's 60 x 16 training prompts (0.28)."""
     args = tt.Args()
-    held_out = tt.ProblemStream(args, args.warmup_seed + tt.HELD_OUT_STREAM).next(args.eval_size)
-    seen, real_next = [], tt.ProblemStream.next
-    monkeypatch.setattr(tt.ProblemStream, "next", lambda self, n: seen.extend(p := real_next(self, n)) or p)
-    tokenizer, rng = tt.build_tokenizer(), random.Random(args.warmup_seed)
+    held_out = tiny_task.ProblemStream(args, args.warmup_seed + tt.HELD_OUT_STREAM).next(args.eval_size)
+    seen, real_next = [], tiny_task.ProblemStream.next
+    monkeypatch.setattr(tiny_task.ProblemStream, "next", lambda self, n: seen.extend(p := real_next(self, n)) or p)
+    tokenizer, rng = tiny_task.build_tokenizer(), random.Random(args.warmup_seed)
     for _ in range(args.warmup_steps):  # the warm-up's batches, in its order, without the model
-        tt.warmup_batch(args, tokenizer, rng, "cpu")
+        tiny_task.warmup_batch(args, tokenizer, rng, "cpu")
     warmup = {tuple(p) for p in seen}
-    training = {tuple(p) for p in real_next(tt.ProblemStream(args, 0), args.steps * args.prompts_per_step)}
+    training = {tuple(p) for p in real_next(tiny_task.ProblemStream(args, 0), args.steps * args.prompts_per_step)}
     assert sum(tuple(p) in warmup for p in held_out) / len(held_out) == pytest.approx(0.71, abs=0.005)
     assert sum(tuple(p) in training for p in held_out) / len(held_out) == pytest.approx(0.28, abs=0.005)

@@ -27,6 +27,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 import tokencredit as tc  # noqa: E402
+import tiny_task  # noqa: E402
 import train_tiny as tt  # noqa: E402
 from trl_tokencredit import (Credit, TokenCreditGRPOTrainer, high_entropy_weights,  # noqa: E402
                              resolve_credit)
@@ -37,12 +38,12 @@ G, MAX_COMPLETION = 4, 12
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return tt.build_tokenizer()
+    return tiny_task.build_tokenizer()
 
 
 def tiny_model(tokenizer, seed=0):
     torch.manual_seed(seed)
-    return tt.build_tiny_model(TINY, tokenizer)
+    return tiny_task.build_tiny_model(TINY, tokenizer)
 
 
 def odd_length(completions, **kwargs):  # a reward with some spread within groups
@@ -50,8 +51,8 @@ def odd_length(completions, **kwargs):  # a reward with some spread within group
 
 
 def prompts(n, seed=7):
-    problems = tt.ProblemStream(TINY, seed).next(n)
-    return Dataset.from_dict({"prompt": tt.prompt_texts(TINY, problems)})
+    problems = tiny_task.ProblemStream(TINY, seed).next(n)
+    return Dataset.from_dict({"prompt": tiny_task.prompt_texts(problems)})
 
 
 def config(**settings):
@@ -100,9 +101,9 @@ def rollout_batch(trainer, lengths, seed=4, spread=0.5, beta=False):
     consecutive rows, prompts of unequal lengths (so left padding is there)."""
     tokenizer, g = trainer.processing_class, torch.Generator().manual_seed(seed)
     N = len(lengths)
-    problems = [p for p in tt.ProblemStream(TINY, seed).next(N // G) for _ in range(G)]
-    texts = tt.prompt_texts(TINY, problems)
-    prompt_ids, prompt_mask = tt.tokenize_prompts(tokenizer, texts, "cpu")
+    problems = [p for p in tiny_task.ProblemStream(TINY, seed).next(N // G) for _ in range(G)]
+    texts = tiny_task.prompt_texts(problems)
+    prompt_ids, prompt_mask = tiny_task.tokenize_prompts(tokenizer, texts, "cpu")
     prompt_lengths = prompt_mask.sum(dim=1)
     assert prompt_lengths.min() < prompt_lengths.max(), f"seed {seed}: prompts of equal lengths"
     T = max(lengths)
@@ -499,12 +500,12 @@ def test_positions_score_what_was_sampled(tokenizer):
         model.transformer.wte.weight.normal_(0.0, 0.2)  # and a policy far from uniform
     stock = make_trainer(copy.deepcopy(model), tokenizer, cls=GRPOTrainer)
     ours = make_trainer(copy.deepcopy(model), tokenizer)
-    problems = tt.ProblemStream(TINY, 11).next(16)  # 2 to 5 terms: prompts of 4 to 10 tokens
-    ids, attention = tt.tokenize_prompts(tokenizer, tt.prompt_texts(TINY, problems), "cpu")
+    problems = tiny_task.ProblemStream(TINY, 11).next(16)  # 2 to 5 terms: prompts of 4 to 10 tokens
+    ids, attention = tiny_task.tokenize_prompts(tokenizer, tiny_task.prompt_texts(problems), "cpu")
     torch.manual_seed(0)
-    responses, logits = tt.sample_tokens(model.eval(), ids, attention, 10, False, 1.0,
+    responses, logits = tiny_task.sample_tokens(model.eval(), ids, attention, 10, False, 1.0,
                                          tokenizer.eos_token_id)
-    mask, _ = tt.response_mask(responses, tokenizer.eos_token_id)
+    mask, _ = tiny_task.response_mask(responses, tokenizer.eos_token_id)
     responses = responses.masked_fill(~mask, tokenizer.pad_token_id)
     sampled = tc.token_logprobs(logits, responses)  # the log-probs of the distribution sampled
     with torch.no_grad():

@@ -1,31 +1,22 @@
-"""train_tiny.py: RLVR on a task a 0.6 M-parameter model can learn, with tokencredit's equations.
+"""train_tiny.py: RLVR with tokencredit's equations, on a task a 0.6 M-parameter model can learn.
 
-A GPT-2-style model, built in code, adds 2 to 5 one-digit numbers by writing partial sums. This
-file is the RL loop top to bottom: arguments, the task and its exact verifier, the model and its
-warm-up, rollouts, train_step, main. lab.py runs it and measures it.
-
-    prompt "6+9+8="  response "6+9=15,15+8=23>23<eos>"  (a token per character; the verifier
-    reads the number after the single ">" of a response that ended with <eos>)
-The starting policy imitates a demonstrator with habits RL can fix: it forgets the carry when
-adding 9 (15+9=14) 60% of the time, so greedy decoding errs there; 8% of other steps slip by 1 or
-2; 25% of its answers re-check a step (~8 tokens longer, right); 12% loop until the 48-token
-budget (truncated, wrong). A quarter of its demonstrations carry the verdict before the prompt,
-"Y" or "N": the conditions CSCR and OPSD score under.
+The RL loop top to bottom: arguments and presets, rollouts, train_step (rollout -> rewards ->
+advantages -> per-token credit -> K updates -> record), evaluation, main. The task (adding 2 to 5
+one-digit numbers by partial sums, "6+9+8=" -> "6+9=15,15+8=23>23<eos>"), its exact verifier
+and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab.py
+runs this loop and measures it.
 
     python train_tiny.py --quick        # a first look: GRPO on a smaller task, about a minute
     python train_tiny.py                # five methods on the full task
-    python train_tiny.py --quick --methods grpo --impl my/tokencredit.py   # your own equations
+    python train_tiny.py --quick --impl my/tokencredit.py   # your own equations train it
 """
 
 import argparse
 import dataclasses
-import hashlib
 import importlib.util
 import itertools
 import json
-import math
 import os
-import random
 import re
 import sys
 import time
@@ -34,50 +25,30 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 
 import tokencredit as tc
+from tiny_task import (ProblemStream, Task, arg, check_fields, check_task, describe_device,
+                       has_repeated_step, load_or_warm_up, mask_positions, meets_misconception,
+                       parse_list, pick_device, prompt_texts, quiet_transformers, require,
+                       response_mask, sample_tokens, seed_everything, tokenize_prompts, verify_all)
 
 # -----------------------------------------------------------------------------
 # arguments and presets
 
 
-def arg(default, help: str):  # a field of Args, with its --help text
-    return dataclasses.field(default=default, metadata=dict(help=help))
-
-
 @dataclasses.dataclass
-class Args:
+class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     methods: str = arg("grpo,drgrpo,dapo,cscr,opsd", "comma-separated presets to compare")
     seeds: str = arg("0", "comma-separated seeds; each seed runs every method")
     name: str = arg("default", "results go to runs/<name>/")
     device: str = arg("auto", "auto (CUDA if present, else MPS, else CPU), cpu, cuda or mps")
     quick: bool = arg(False, "a first look: GRPO alone on a smaller task (see QUICK below)")
     impl: str = arg("", "a tokencredit.py to run instead of this folder's (or TOKENCREDIT_IMPL)")
-    # the task, and the demonstrator whose habits the warm-up imitates
-    min_terms: int = arg(2, "fewest numbers in a problem")
-    max_terms: int = arg(5, "most numbers in a problem")
-    max_value: int = arg(9, "numbers are drawn from 0..max_value")
-    misconception: str = arg("9", "addends whose carry it forgets (15+9=14), comma-separated")
-    misconception_rate: float = arg(0.6, "how often it forgets that carry (> 0.5: greedy errs)")
-    slip_rate: float = arg(0.08, "chance that any other step is off by 1 or 2")
-    recheck_rate: float = arg(0.25, "chance it writes one step twice: a harmless ~8-token detour")
-    loop_rate: float = arg(0.12, "chance it repeats one step until the budget: truncated, wrong")
     eval_size: int = arg(200, "held-out problems, scored with greedy decoding")
     eval_every: int = arg(20, "policy updates between held-out evaluations")
     eval_samples: int = arg(4, "samples per held-out problem for the sampled accuracy")
-    # the tiny model and its warm-up
-    cond_pos: str = arg("Y", "text before the prompt asserting 'correct' (CSCR's c+, OPSD)")
-    cond_neg: str = arg("N", "text before the prompt asserting 'incorrect' (CSCR's c-)")
-    n_layer: int = arg(3, "transformer blocks")
-    n_embd: int = arg(128, "width")
-    n_head: int = arg(4, "attention heads")
-    warmup_steps: int = arg(800, "supervised steps imitating the demonstrator (0 to skip)")
-    warmup_batch: int = arg(64, "sequences per supervised step")
-    warmup_lr: float = arg(2e-3, "learning rate of the warm-up")
-    warmup_seed: int = arg(1234, "seed of the warm-up and of the held-out problems")
     # rollouts and updates
     steps: int = arg(60, "policy updates per method")
     prompts_per_step: int = arg(16, "B: prompts (groups) per policy update")
     group_size: int = arg(8, "G: responses sampled per prompt")
-    max_new_tokens: int = arg(48, "generation budget L_max; longer responses are truncated")
     temperature: float = arg(1.0, "sampling temperature of the rollouts")
     lr: float = arg(1e-4, "learning rate of the policy updates (AdamW)")
     update_epochs: int = arg(2, "passes over each rollout batch (the 2nd sees ratios != 1)")
@@ -132,17 +103,22 @@ QUICK = dict(name="quick", methods="grpo", max_terms=3, max_value=5, misconcepti
              log_every=10)  # GRPO alone, on 2-3 numbers up to 5 (forgetting the carry of a 5)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
 HELD_OUT_STREAM, EVAL_SAMPLING_STREAM = 10 ** 6, 2  # seeds: warmup_seed + these (lab: 1, 3, 4)
+MEASURES = (("greedy", "accuracy"), ("where the misconception applies", "accuracy_misconception"),
+            ("sampled", "sampled_accuracy"))  # main's summary: before -> after
 
 
 def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = None) -> None:
     """A --flag for each field of Args (or of names); a flag not given stays out of the parsed
     namespace, so that a preset can tell it from a default."""
+    task = parser.add_argument_group("the task, the demonstrator and the warm-up (tiny_task.py)")
+    task_names = {f.name for f in dataclasses.fields(Task)}
     for f in dataclasses.fields(Args):
         if names is None or f.name in names:
             flag, help = "--" + f.name.replace("_", "-"), f"{f.metadata['help']} ({f.default!r})"
             kind = (dict(action=argparse.BooleanOptionalAction) if f.type is bool
                     else dict(type=f.type, metavar=f.name.upper()))
-            parser.add_argument(flag, default=argparse.SUPPRESS, help=help, **kind)
+            (task if f.name in task_names else parser).add_argument(
+                flag, default=argparse.SUPPRESS, help=help, **kind)
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -150,6 +126,7 @@ def parse_args(argv: Optional[List[str]] = None):
     presets = "\n".join(f"  {name:<9s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
                         for name, preset in PRESETS.items())
     parser = argparse.ArgumentParser(
+        usage="%(prog)s [--quick] [--methods M] [--seeds S] [--impl PATH] [options]",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"presets (any argument given overrides it in every preset):\n{presets}\n"
                "--quick sets: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
@@ -172,213 +149,10 @@ def parse_args(argv: Optional[List[str]] = None):
 
 
 # -----------------------------------------------------------------------------
-# the task: problems, the demonstrator's solutions and the exact verifier
-
-def render_problem(terms: List[int]) -> str:
-    return "+".join(str(x) for x in terms) + "="
-
-
-def forgotten_addends(args: Args) -> set:  # --misconception "9" -> {9}
-    return set(parse_list(args.misconception, int, "--misconception") if args.misconception else [])
-
-
-def forgets_carry(total: int, x: int, forgotten: set) -> bool:  # the misconception applies here
-    return x in forgotten and total % 10 + x >= 10
-
-
-def meets_misconception(terms: List[int], args: Args) -> bool:
-    totals = [sum(terms[:k + 1]) for k in range(len(terms) - 1)]  # the sum before each step
-    return any(forgets_carry(s, x, forgotten_addends(args)) for s, x in zip(totals, terms[1:]))
-
-
-def demonstrate(terms: List[int], args: Args, rng: random.Random) -> tuple:
-    """One solution with the demonstrator's habits (see the top). Returns (text, finished)."""
-    forgotten, steps, total = forgotten_addends(args), [], terms[0]
-    for x in terms[1:]:  # the running partial sums "a+b=c", a slip carried forward
-        slip = 0
-        if forgets_carry(total, x, forgotten) and rng.random() < args.misconception_rate:
-            slip = -10
-        elif rng.random() < args.slip_rate:
-            slip = rng.choice([-2, -1, 1, 2])
-        steps.append(f"{total}+{x}={max(0, total + x + slip)}")
-        total = max(0, total + x + slip)
-    if not steps:
-        return f">{terms[0]}", True
-    detour, k = rng.random(), rng.randrange(len(steps))
-    if detour < args.loop_rate:  # a loop never finishes
-        text = ",".join(steps[:k + 1])
-        while len(text) < args.max_new_tokens:
-            text += "," + steps[k]
-        return text[:args.max_new_tokens], False
-    if detour < args.loop_rate + args.recheck_rate:
-        steps.insert(k + 1, steps[k])
-    return ",".join(steps) + f">{total}", True
-
-
-def verify(terms: List[int], response: str, complete: bool) -> bool:
-    """True only for a finished response whose single '>' is followed by exactly the right sum."""
-    match = re.fullmatch(r"[^>]*>(\d{1,9})", response.strip())
-    return complete and bool(match) and int(match.group(1)) == sum(terms)
-
-
-def verify_all(problems: List[List[int]], texts: List[str], complete: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([verify(t, s, c) for t, s, c in zip(problems, texts, complete.tolist())],
-                        dtype=torch.bool)
-
-
-def has_repeated_step(text: str) -> bool:  # a detour: a step written twice in a row
-    steps = text.split(">")[0].split(",")
-    return any(a == b for a, b in zip(steps, steps[1:]))
-
-
-class ProblemStream:
-    """Seeded problems: every method sees the same sequence for one seed."""
-
-    def __init__(self, args: Args, seed: int):
-        self.rng, self.args = random.Random(seed), args
-
-    def next(self, n: int) -> List[List[int]]:
-        a, rng = self.args, self.rng
-        return [[rng.randint(0, a.max_value) for _ in range(rng.randint(a.min_terms, a.max_terms))]
-                for _ in range(n)]
-
+# rollouts: sample (tiny_task.sample_tokens) and verify; score the sampled tokens
 
 def held_out_problems(args: Args) -> List[List[int]]:
     return ProblemStream(args, args.warmup_seed + HELD_OUT_STREAM).next(args.eval_size)
-
-
-# -----------------------------------------------------------------------------
-# the tiny model, its character tokenizer (built in code) and the supervised warm-up
-
-def build_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    vocab = {tok: i for i, tok in enumerate(["<pad>", "<eos>"] + list("0123456789+=,>YN"))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # a char a token
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>")
-
-
-def build_tiny_model(args: Args, tokenizer):
-    from transformers import GPT2Config, GPT2LMHeadModel
-    return GPT2LMHeadModel(GPT2Config(
-        vocab_size=len(tokenizer), n_positions=128, n_embd=args.n_embd, n_layer=args.n_layer,
-        n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id))
-
-
-def warmup_batch(args: Args, tokenizer, rng: random.Random, device):
-    """Demonstrations to imitate, loss on the response only. A quarter of them carry the verdict
-    before the prompt ("Y" if right, "N" if wrong), so that the model learns what the tags mean."""
-    texts, prompt_lens = [], []
-    for terms in ProblemStream(args, rng.randrange(2 ** 31)).next(args.warmup_batch):
-        text, finished = demonstrate(terms, args, rng)
-        verdict = args.cond_pos if verify(terms, text, finished) else args.cond_neg
-        prompt = (verdict if rng.random() < 0.25 else "") + render_problem(terms)
-        texts.append(prompt + text + (tokenizer.eos_token if finished else ""))
-        prompt_lens.append(len(tokenizer(prompt)["input_ids"]))
-    batch = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
-    ids, attention = batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (n, L)
-    prompt_lens = torch.tensor(prompt_lens, device=device)[:, None]  # (n, 1)
-    in_prompt = torch.arange(ids.shape[1], device=device)[None] < prompt_lens  # (n, L)
-    return ids, attention, ids.masked_fill((attention == 0) | in_prompt, -100)
-
-
-WARMUP_FIELDS = ("n_layer", "n_embd", "n_head", "warmup_steps", "warmup_batch", "warmup_lr",
-                 "warmup_seed", "min_terms", "max_terms", "max_value", "cond_pos", "cond_neg",
-                 "misconception", "misconception_rate", "slip_rate", "recheck_rate", "loop_rate",
-                 "max_new_tokens")
-
-
-def load_or_warm_up(args: Args, device, runs_dir: str):
-    """The starting policy: the tiny model after a supervised warm-up, cached in runs_dir under
-    a hash of all it depends on, torch's thread count included (it changes the float sums).
-    Returns (model, tokenizer, the checkpoint's path)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    key = {name: getattr(args, name) for name in WARMUP_FIELDS}
-    key = json.dumps(dict(key, threads=torch.get_num_threads()), sort_keys=True)  # float order
-    path = os.path.join(runs_dir, f"warmup-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
-    if os.path.exists(os.path.join(path, "config.json")):
-        print(f"warm-up: reusing {path}")
-        model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
-        return model, AutoTokenizer.from_pretrained(path), path
-    tokenizer = build_tokenizer()
-    seed_everything(args.warmup_seed)
-    model = build_tiny_model(args, tokenizer).to(device)
-    print(f"warm-up: {args.warmup_steps} supervised steps on a "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M-parameter model")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.warmup_lr, weight_decay=0.0)
-    rng, start = random.Random(args.warmup_seed), time.time()
-    for step in range(args.warmup_steps):
-        cosine = 0.5 * (1 + math.cos(math.pi * step / args.warmup_steps))
-        for group in optimizer.param_groups:
-            group["lr"] = args.warmup_lr * min(1.0, (step + 1) / 20) * cosine
-        ids, attention, labels = warmup_batch(args, tokenizer, rng, device)
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if (step + 1) % max(1, args.warmup_steps // 5) == 0:
-            print(f"  warm-up step {step + 1:4d}/{args.warmup_steps} loss {loss.item():.3f} "
-                  f"({time.time() - start:.0f} s)")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    print(f"warm-up: saved to {path}")
-    return model.eval(), tokenizer, path
-
-
-# -----------------------------------------------------------------------------
-# rollouts: sampling with a KV cache, verifying, and scoring the sampled tokens
-
-def prompt_texts(args: Args, problems: List[List[int]], cond: str = "") -> List[str]:
-    return [cond + render_problem(t) for t in problems]
-
-
-def tokenize_prompts(tokenizer, texts: List[str], device):  # left-padded: generation goes right
-    batch = tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")
-    return batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (n, P) each
-
-
-def response_mask(responses: torch.Tensor, eos_id: int):
-    """Real tokens run up to and including the first <eos>. Returns mask (n, T), complete (n,)."""
-    is_eos = (responses == eos_id).long()  # (n, T)
-    return is_eos.cumsum(dim=1) - is_eos == 0, is_eos.bool().any(dim=1)
-
-
-def mask_positions(attention: torch.Tensor) -> torch.Tensor:  # left padding shifts no position
-    return (attention.cumsum(dim=1) - 1).clamp(min=0)
-
-
-@torch.no_grad()
-def sample_tokens(model, ids, attention, max_new_tokens: int, greedy: bool, temperature: float,
-                  eos_id: int):
-    """Sampling with a KV cache from softmax(logits / temperature), no top-k or top-p, as
-    model.generate() samples, until every row has written <eos>. ids, attention (n, P): the
-    left-padded prompts. Returns tokens (n, T), arbitrary after <eos>, and logits (n, T, V)."""
-    positions = mask_positions(attention)  # (n, P)
-    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
-    next_position = positions[:, -1:] + 1  # (n, 1)
-    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    tokens, all_logits = [], []
-    for _ in range(max_new_tokens):
-        logits = out.logits[:, -1].float()  # (n, V)
-        if greedy:
-            token = logits.argmax(dim=-1)  # (n,)
-        else:
-            token = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)
-        tokens.append(token)
-        all_logits.append(logits)
-        finished |= token == eos_id
-        if finished.all() or len(tokens) == max_new_tokens:
-            break
-        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)  # (n, P + t)
-        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
-                    cache=out.cache, use_cache=True)
-        next_position = next_position + 1
-    return torch.stack(tokens, dim=1), torch.stack(all_logits, dim=1)  # (n, T), (n, T, V)
 
 
 class Rollout(NamedTuple):
@@ -393,7 +167,7 @@ class Rollout(NamedTuple):
 def rollout(model, tokenizer, args: Args, problems: List[List[int]], repeats: int, greedy: bool,
             device) -> Rollout:
     """Sample `repeats` responses per problem (T: the longest of this call) and verify them."""
-    ids, attention = tokenize_prompts(tokenizer, prompt_texts(args, problems), device)
+    ids, attention = tokenize_prompts(tokenizer, prompt_texts(problems), device)
     ids, attention = ids.repeat_interleave(repeats, 0), attention.repeat_interleave(repeats, 0)
     responses, _ = sample_tokens(model, ids, attention, args.max_new_tokens, greedy,
                                  args.temperature, tokenizer.eos_token_id)
@@ -410,7 +184,7 @@ def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_l
     forward, at the sampling temperature and with positions numbered from the attention mask, as
     sample_tokens draws. Returns one (logp (n, T), logits (n, T, V) or None) per condition."""
     n, T = responses.shape
-    texts = [text for cond in conds for text in prompt_texts(args, problems, cond)]
+    texts = [text for cond in conds for text in prompt_texts(problems, cond)]
     prompt_ids, prompt_attention = tokenize_prompts(tokenizer, texts, responses.device)  # (k n, P)
     P, k = prompt_ids.shape[1], len(conds)
     ids = torch.cat([prompt_ids, responses.repeat(k, 1)], dim=1)  # (k n, P + T)
@@ -698,51 +472,27 @@ def main(argv: Optional[List[str]] = None) -> dict:
     print(f"\nheld-out accuracy before -> after {base.steps} updates:")
     for run in results["runs"]:
         print(f"  {run['method']:>9s} seed {run['seed']}: " + ", ".join(
-            f"{what} {start[key]:.3f} -> {run['final'][key]:.3f}" for what, key in (
-                ("greedy", "accuracy"), ("where the misconception applies",
-                                         "accuracy_misconception"),
-                ("sampled", "sampled_accuracy"))))
+            f"{what} {start[key]:.3f} -> {run['final'][key]:.3f}" for what, key in MEASURES))
     print(f"wrote {out_dir}/metrics.jsonl, results.json (training took {results['wall_s']:.0f} s)")
     return results
 
 
 # -----------------------------------------------------------------------------
-# set-up: checks of the arguments, the device, seeding, and whose tokencredit.py runs
+# set-up: checks of the arguments, and whose tokencredit.py runs
 
 def validate_args(a: Args) -> None:
-    """The lab's own arguments; a method's are checked by tokencredit itself (check_method)."""
-    def require(ok: bool, message: str) -> None:
-        if not ok:
-            raise ValueError(message)
-
-    at_least = dict(group_size=2, steps=0, warmup_steps=0, micro_batches=0, prompts_per_step=1,
-                    max_new_tokens=1, eval_size=1, eval_every=1, log_every=1, update_epochs=1,
-                    warmup_batch=1, max_sampling_rounds=1, eval_samples=1)
-    for name, value in vars(a).items():
-        flag = "--" + name.replace("_", "-")
-        if name in at_least:
-            require(value >= at_least[name], f"{flag} must be >= {at_least[name]}, got {value}")
-        if name in ("warmup_lr", "one_step_lr", "lr", "temperature"):
-            require(value > 0, f"{flag} must be > 0, got {value}")
-        if name.endswith("_rate"):
-            require(0 <= value <= 1, f"{flag} must be in [0, 1], got {value}")
-    require(1 <= a.min_terms <= a.max_terms and a.max_value >= 1,
-            f"--min-terms, --max-terms and --max-value must satisfy 1 <= min <= max and "
-            f"1 <= max-value, got {a.min_terms}, {a.max_terms} and {a.max_value}")
+    """The task's arguments (check_task), then the loop's; a method's are checked by tokencredit
+    itself (check_method)."""
+    check_task(a)
+    check_fields(a, lambda v: v >= 0, ">= 0", "steps", "micro_batches")
+    check_fields(a, lambda v: v >= 1, ">= 1", "prompts_per_step", "eval_size", "eval_every",
+                 "eval_samples", "log_every", "update_epochs", "max_sampling_rounds")
+    check_fields(a, lambda v: v >= 2, ">= 2", "group_size")
+    check_fields(a, lambda v: v > 0, "> 0", "one_step_lr", "lr", "temperature")
     require(a.device in ("auto", "cpu", "cuda", "mps"),
             f"--device must be auto, cpu, cuda or mps, got {a.device!r}")
     require(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", a.name)), f"--name must be a plain "
             f"folder name under runs/ (letters, digits, . _ -), got {a.name!r}")
-    require(a.cond_pos != a.cond_neg and set(a.cond_pos + a.cond_neg) <= set("0123456789+=,>YN"),
-            f"--cond-pos and --cond-neg must differ and use the tokenizer's characters "
-            f"0-9+=,>YN, got {a.cond_pos!r}, {a.cond_neg!r}")
-    prompt = max(len(a.cond_pos), len(a.cond_neg)) + a.max_terms * (len(str(a.max_value)) + 1)
-    require(prompt + a.max_new_tokens + 1 <= 128, f"--max-new-tokens {a.max_new_tokens} leaves "
-            f"no room for a prompt of up to {prompt} tokens in the tiny model's 128 positions")
-    require(a.recheck_rate + a.loop_rate <= 1,
-            f"--recheck-rate + --loop-rate must be <= 1, got {a.recheck_rate} + {a.loop_rate}")
-    require(all(0 <= d <= a.max_value for d in forgotten_addends(a)), f"--misconception must "
-            f"list addends in 0..max_value = {a.max_value}, got {a.misconception!r}")
     parse_list(a.seeds, int, "--seeds")
 
 
@@ -766,45 +516,6 @@ def check_method(a: Args) -> None:
         tc.high_entropy_mask(ones, ones, a.entropy_top)
     if a.overlong_shaping:
         tc.overlong_penalty(ones[:, 0], a.max_new_tokens, a.overlong_cache)
-
-
-def parse_list(text: str, kind, flag: str) -> list:
-    try:
-        values = [kind(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        values = None
-    if not values:
-        raise ValueError(f"{flag} must be a comma-separated list of {kind.__name__}, got {text!r}")
-    return values
-
-
-def pick_device(requested: str) -> torch.device:
-    """auto: CUDA if present, else Apple's MPS, else the CPU."""
-    available = dict(cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available(),
-                     cpu=True)
-    if requested == "auto":
-        requested = next(name for name, ok in available.items() if ok)
-    if not available[requested]:
-        raise ValueError(f"--device {requested} was asked for, but torch {torch.__version__} "
-                         f"finds no {requested.upper()} device here; use --device cpu or auto")
-    return torch.device(requested)
-
-
-def describe_device(device: torch.device, requested: str) -> str:  # every script prints this
-    what = (torch.cuda.get_device_name(device) if device.type == "cuda"
-            else f"{torch.get_num_threads()} threads")
-    return f"device: {device} (asked for {requested}), {what}"
-
-
-def quiet_transformers() -> None:  # no progress bars or config chatter between the log lines
-    import transformers
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)  # also seeds CUDA when present
 
 
 def use_tokencredit(path: str) -> None:

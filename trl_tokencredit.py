@@ -385,16 +385,16 @@ def tiny_setup(args, seed: int, updates: int, device, eos_id: int, **config):
     learning rate, update_epochs optimizer steps per batch, grad clip 1.0, float32. `config`
     overrides GRPOConfig fields. The reward function appends each batch's mean completion length
     to verifier.lengths."""
-    import train_tiny as tt
+    import tiny_task
     from datasets import Dataset
-    problems = tt.ProblemStream(args, seed).next(args.prompts_per_step * updates)  # in order
-    dataset = Dataset.from_dict({"prompt": tt.prompt_texts(args, problems), "terms": problems})
+    problems = tiny_task.ProblemStream(args, seed).next(args.prompts_per_step * updates)  # in order
+    dataset = Dataset.from_dict({"prompt": tiny_task.prompt_texts(problems), "terms": problems})
     lengths = []
 
     def verifier(prompts, completions, completion_ids, terms, **kwargs):
         # TRL cuts each completion after its first <eos> and decodes it without special tokens
         lengths.append(statistics.mean(len(ids) for ids in completion_ids))
-        return [args.reward_correct if tt.verify(t, text, len(ids) > 0 and ids[-1] == eos_id)
+        return [args.reward_correct if tiny_task.verify(t, text, len(ids) > 0 and ids[-1] == eos_id)
                 else args.reward_wrong for text, ids, t in zip(completions, completion_ids, terms)]
 
     verifier.lengths = lengths
@@ -454,27 +454,28 @@ def tiny_credit(args) -> Credit:
 
 
 def main(argv=None) -> dict:
+    import tiny_task
     import train_tiny as tt
     args, opt = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # TRL's names
     from transformers import AutoModelForCausalLM, TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    tt.quiet_transformers()
+    tiny_task.quiet_transformers()
     try:
         tt.validate_args(args)
         tt.check_method(args)
         credit = tiny_credit(args)
-        device = tt.pick_device(args.device)
+        device = tiny_task.pick_device(args.device)
     except ValueError as error:  # a bad method flag, --device cuda without CUDA: one clear line
         sys.exit(f"trl_tokencredit.py: error: {error}")
     if device.type == "mps":
         device = torch.device("cpu")  # TRL on MPS is untested here
-    print(tt.describe_device(device, args.device), flush=True)
+    print(tiny_task.describe_device(device, args.device), flush=True)
     runs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs")
-    _, tokenizer, ckpt = tt.load_or_warm_up(args, device, runs)
+    _, tokenizer, ckpt = tiny_task.load_or_warm_up(args, device, runs)
     held_out = tt.held_out_problems(args)
-    tt.seed_everything(opt.seed)
+    tiny_task.seed_everything(opt.seed)
     model = AutoModelForCausalLM.from_pretrained(ckpt).to(device)
     start = tt.evaluate(model.eval(), tokenizer, args, held_out, device)
     print(f"start: held-out greedy {start['accuracy']:.3f}, sampled "
