@@ -700,6 +700,7 @@ BAD_INPUT = [  # one case per check: the call, and what its message must say
     (P(tc.fill_batch, rounds(R, {"correct": Z(1, 2)}), 1, 2, "correct"), "same keys every"),
     (P(tc.token_weights, O(6, 3), "group_token", group_size=True), "dividing N = 6, got True"),
     (P(tc.loss_denominators, O(2, 3), "token", dtype="float32"), "a torch floating-point dtype"),
+    (P(tc.loss_denominators, O(2, 3), "token", dtype=None), "floating-point dtype .*got None"),
     (P(tc.token_weights, torch.full((2, 3), 2.0), "token"), r"mask must be 0 or 1, got 2.0 at"),
     (P(tc.policy_loss, Z(8, 9), Z(8, 9), Z(8), O(8, 7)),
      r"mask must have the same shape as logp: \(N, T\) = \(8, 9\), got \(8, 7\)"),

@@ -258,6 +258,32 @@ def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, c
     assert "warm-up: reusing" in capsys.readouterr().out
 
 
+def test_impl_trains_with_the_students_file(tmp_path, monkeypatch, capsys):
+    """--impl: the reference, as a student's file, gives exactly the direct run's numbers; a file
+    with only the GRPO exercises (1, 3, 5) written trains GRPO, and the lab names the exercise each
+    measurement it skips needs."""
+    import course
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tt, "tc", tt.tc)  # --impl rebinds it; put ours back afterwards
+    reference = course.read(tc.__file__)
+    (tmp_path / "mine.py").write_text(reference)
+    (tmp_path / "grpo_only.py").write_text(course.blank(reference, [2, 4, 6, 7, 8]))
+    argv = TINY + ["--methods", "grpo", "--device", "cpu"]
+    tt.main(argv + ["--name", "direct"])
+    tt.main(argv + ["--name", "impl", "--impl", "mine.py"])
+    assert tt.tc.__file__ == str(tmp_path / "mine.py")
+    drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("t_")}  # noqa: E731
+    direct, impl = (read_metrics(tmp_path / "runs" / name / "metrics.jsonl")
+                    for name in ("direct", "impl"))
+    assert [drop_times(r) for r in impl] == [drop_times(r) for r in direct] and len(direct) == 2
+    capsys.readouterr()
+    results = lab.main(argv + ["--name", "partial", "--impl", "grpo_only.py"])
+    out = capsys.readouterr().out
+    assert len(results["runs"]) == 1 and "pass_at_group" in results
+    assert "one_step skipped: your tokencredit.py has not implemented exercise 7" in out
+    assert "diagnosis skipped: your tokencredit.py has not implemented exercise" in out
+
+
 def test_presets_and_overrides():
     base, runs, seeds = tt.parse_args(["--methods", "grpo,dapo", "--eps-high", "0.5", "--steps", "7", "--seeds", "3,4"])
     (_, grpo), (_, dapo) = runs

@@ -368,6 +368,10 @@ def test_group_token_checks_the_evaluation_batch_at_start(tokenizer):
                      per_device_eval_batch_size=6, num_generations_eval=4)
     make_trainer(tiny_model(tokenizer), tokenizer, credit, eval_dataset=prompts(4, seed=8),
                  per_device_eval_batch_size=8, num_generations_eval=4)
+    later = make_trainer(tiny_model(tokenizer), tokenizer, credit, per_device_eval_batch_size=6,
+                         num_generations_eval=4)  # no eval set yet: evaluate() checks it
+    with pytest.raises(ValueError, match="per_device_eval_batch_size \\(6\\) must be a multiple"):
+        later.evaluate(eval_dataset=prompts(4, seed=8))
 
 
 def plain_group_token(logp, old, A, mask, B, eps=0.2):

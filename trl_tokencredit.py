@@ -255,11 +255,21 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
             raise ValueError(f"mode 'group_token' needs whole groups in every micro-batch: "
                              f"per_device_train_batch_size ({a.per_device_train_batch_size}) "
                              f"must be a multiple of num_generations ({G})")
-        G_eval = self.num_generations_eval
-        if self.eval_dataset is not None and a.per_device_eval_batch_size % G_eval:
+        if self.eval_dataset is not None:
+            self._check_eval_batch()
+
+    def _check_eval_batch(self):
+        """group_token needs whole groups in every evaluation batch too; checked at start when
+        there is an eval_dataset, else when evaluate() is called, not inside TRL's reshape."""
+        a, G_eval = self.args, self.num_generations_eval
+        if self.credit.mode == "group_token" and a.per_device_eval_batch_size % G_eval:
             raise ValueError(f"mode 'group_token' needs whole groups in every evaluation batch: "
                              f"per_device_eval_batch_size ({a.per_device_eval_batch_size}) must be "
                              f"a multiple of num_generations_eval ({G_eval})")
+
+    def evaluate(self, *args, **kwargs):
+        self._check_eval_batch()
+        return super().evaluate(*args, **kwargs)
 
     def _warn_like_trl(self):
         """TRL's start-up warnings on the loss, of the settings that run (see TRL_LOSS_WARNINGS)."""
