@@ -643,8 +643,9 @@ def diagnose(model, tokenizer, args, problems, strength: float, device):
 def report_diagnosis(model, tokenizer, args, problems, strength: float, device, out_dir) -> dict:
     """On the first 32 held-out prompts: prints the table, draws credit.png."""
     diagnosis, picture = diagnose(model, tokenizer, args, problems[:32], strength, device)
+    diagnosis["credit_png"] = plot_credit(picture, tokenizer, strength,
+                                          os.path.join(out_dir, "credit.png"))
     print("\n" + format_diagnosis(diagnosis))
-    plot_credit(picture, tokenizer, strength, os.path.join(out_dir, "credit.png"))
     return diagnosis
 
 
@@ -666,12 +667,18 @@ def format_diagnosis(diag: dict) -> str:
                      f"{e['sign_reversal']:.3f} | {e['mean_sensitivity']:.3f} | "
                      f"{e['mean_cscr_weight']:.3f} | {e['mean_entropy']:.3f} | "
                      f"{e['top_entropy']:.3f} |")
+    if "credit_png" in diag:  # the two responses credit.png draws
+        short, long = diag["credit_png"]["lengths"]
+        lines.append(f"credit.png, a {short}- and a {long}-token response, each one's share of the "
+                     "loss weight: " + "; ".join(f"{name} {a:.2%} and {b:.2%}" for name, (a, b)
+                                                 in diag["credit_png"]["shares"].items()))
     return "\n".join(lines)
 
 
-def plot_credit(picture: dict, tokenizer, strength: float, path: str) -> None:
+def plot_credit(picture: dict, tokenizer, strength: float, path: str) -> dict:
     """credit.png: each token of a short and a long sampled response, shaded by its share of the
-    loss weight under "sample", "token" and CSCR (the credit is that share times A)."""
+    loss weight under "sample", "token" and CSCR (the credit is that share times A). Returns the
+    two responses' lengths and each weighting's share of the loss weight per response."""
     plt = pyplot()
     mask, responses, weights = picture["mask"], picture["responses"], picture["weights"]
     N, lengths = mask.shape[0], mask.sum(dim=1)
@@ -709,6 +716,8 @@ def plot_credit(picture: dict, tokenizer, strength: float, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return dict(lengths=[int(lengths[row]) for row in rows],
+                shares={name: [float(w[row].sum()) for row in rows] for name, w in shares.items()})
 
 
 def token_labels(tokenizer, ids: torch.Tensor) -> List[str]:
