@@ -462,12 +462,23 @@ def test_padding_garbage_reaches_no_loss_and_no_gradient():
         for level in ("sequence", "sequence_token"):
             loss = loss + tc.policy_loss(leaf, tensors[1], tensors[3][:, 0], mask, ratio_level=level)[0]
         loss = loss + tc.self_distillation_loss(s, t, mask)
+        for mode in tc.AGGREGATION_MODES:  # and aggregate alone, on padding nobody zeroed
+            loss = loss + tc.aggregate(leaf, mask, mode, group_size=2, max_len=T)
         loss.backward()
         results.append((loss.detach(), leaf.grad, s.grad, stats))
     for loss, grad, s_grad, stats in results[1:]:
         assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
         assert torch.equal(s_grad, results[0][2]) and stats == results[0][3]
     assert torch.isfinite(results[0][1]).all() and (results[0][2][~mask] == 0).all()
+
+
+def test_zero_padding_the_helper_students_may_call():
+    """policy_loss's _zero_padding: padding exactly 0 and the constants detached, by itself (the
+    later guards of policy_loss would hide either mistake)."""
+    mask, x = torch.tensor([[True, False]]), torch.tensor([[0.5, NAN]], requires_grad=True)
+    logp, old, adv, ref = tc._zero_padding(mask, x, x, x, x)
+    assert logp.requires_grad and not (old.requires_grad or adv.requires_grad or ref.requires_grad)
+    assert all(y.tolist() == [[0.5, 0.0]] for y in (logp, old, adv, ref))
 
 
 def test_clip_fractions_counted_at_both_bounds():
