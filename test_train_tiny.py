@@ -352,6 +352,7 @@ def test_dynamic_sampling_filters_on_correctness(tmp_path, monkeypatch):
     (["--misconception", "12"], "--misconception must list addends in 0..max_value = 9"),
     (["--max-new-tokens", "120"], "leaves no room for a prompt"),
     (["--micro-batches", "-1"], "--micro-batches must be >= 0"),
+    (["--n-embd", "30"], "--n-embd must be a multiple of --n-head, got 30 and 4"),
     (["--pg-coef", "0"], "--pg-coef and --distill-coef must be >= 0 and not both 0"),
     # the method's own arguments are checked by tokencredit, before any work starts
     (["--loss-mode", "seq"], "mode must be one of ('sample', 'token', 'group_token', 'constant'), got 'seq'"),
