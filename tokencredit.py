@@ -130,7 +130,8 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     A group is kept where informative_groups(groups[filter_key]). The surplus beyond batch_size is
     dropped; after max_rounds calls it returns what it has, maybe fewer. DAPO keeps
     0 < #correct < G: filter on the verdicts ("correct"), not a shaped reward.
-    Returns: (batch, stats: rounds, groups_seen, groups_informative, groups_kept, full).
+    Returns: (batch, stats): rounds (calls made), groups_seen (groups sampled), groups_informative
+    (of those, the informative, surplus included), groups_kept (in batch), full (1 if batch_size).
     """
     _check_int(batch_size, "batch_size", "a positive int", lambda v: v > 0)
     _check_int(max_rounds, "max_rounds", "a positive int", lambda v: v > 0)
@@ -424,7 +425,8 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     w~_t = |o_i| * w_t / sum_{t' real} w_t'      renormalised: a response's weights have mean 1
     strength 0 gives w~ = 1 exactly (GRPO); padding and empty responses get 0.
     Args: sensitivity (N, T) >= 0; mask; strength (alpha) >= 0; threshold (tau).
-    Returns: weights (N, T).
+    Returns: weights (N, T), float32; no strength underflows a response to 0/0 (w_t / sum w is
+    computed after shifting each response's log w_t by its largest).
     """
     _check_tensor(sensitivity, "sensitivity", 2, "(N, T)")
     mask = _check_mask(mask, sensitivity, "sensitivity")
