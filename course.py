@@ -181,7 +181,7 @@ def run_tests(source: str) -> dict:
                 bad = case.find("failure")
                 bad = case.find("error") if bad is None else bad
                 results[case.get("name")] = (None if bad is None else
-                                             f"{bad.get('message', '')}\n{bad.text or ''}")
+                                             f"{bad.get('message', '')}\n\n{bad.text or ''}")
             if done.returncode not in (0, 1) or not results:  # 1: some failed; else broken
                 raise SystemExit(f"the tests did not run against this tokencredit.py:\n"
                                  f"{done.stdout[-3000:]}{done.stderr[-2000:]}")
@@ -235,7 +235,8 @@ def format_rows(rows, verbose: bool) -> str:
         lines.append(f"exercise {k}  {EXERCISES[k][0]:<20} {passed:3d}/{total:<3d} tests "
                      f"{points:5.1f}/{max_points} points{note}")
         for name, failure in list(failed.items())[:12] if verbose else []:
-            said = [ln.strip()[:110] for ln in failure.split("\n\n")[0].splitlines() if ln.strip()]
+            said = [ln.strip()[:110] for ln in failure.split("\n\n")[0].splitlines()
+                    if ln.strip() and not ln.strip().startswith(("+", "[+"))]  # pytest's asides
             lines.append(f"    FAILED {name}: " + "\n        ".join(said[:3]))
     score, top = sum(r[3] for r in rows), sum(r[4] for r in rows)
     lines.append(f"total {score:.1f}/{top} points")
