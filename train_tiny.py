@@ -40,7 +40,7 @@ class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     seeds: str = arg("0", "comma-separated seeds; each seed runs every method")
     name: str = arg("default", "results go to runs/<name>/")
     device: str = arg("auto", "auto (CUDA if present, else MPS, else CPU), cpu, cuda or mps")
-    quick: bool = arg(False, "a first look: GRPO alone on a smaller task (see QUICK below)")
+    quick: bool = arg(False, "a first look: GRPO alone on a smaller task (what it sets: below)")
     impl: str = arg("", "a tokencredit.py to run instead of this folder's (or TOKENCREDIT_IMPL)")
     eval_size: int = arg(200, "held-out problems, scored with greedy decoding")
     eval_every: int = arg(20, "policy updates between held-out evaluations")
