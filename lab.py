@@ -669,7 +669,7 @@ def format_diagnosis(diag: dict) -> str:
                      f"{e['top_entropy']:.3f} |")
     if "credit_png" in diag:  # the two responses credit.png draws
         short, long = diag["credit_png"]["lengths"]
-        lines.append(f"credit.png, a {short}- and a {long}-token response, each one's share of the "
+        lines.append(f"credit.png, responses of {short} and {long} tokens, each one's share of the "
                      "loss weight: " + "; ".join(f"{name} {a:.2%} and {b:.2%}" for name, (a, b)
                                                  in diag["credit_png"]["shares"].items()))
     return "\n".join(lines)
