@@ -106,7 +106,8 @@ def test_result_tables_are_what_the_report_prints(capsys):
     """Every table of README.md and docs/ whose header is one of `python lab.py report
     results/*.json`'s is exactly a table that command prints from the committed results."""
     lab.report(sorted(glob.glob(os.path.join(HERE, "results", "*.json"))))
-    printed = tables(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    printed = tables(out)
     headers = {table[0] for table in printed}
     pages = ["README.md"] + [os.path.join("docs", page)
                              for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
@@ -118,3 +119,10 @@ def test_result_tables_are_what_the_report_prints(capsys):
                     "\n".join(table)
                 checked += 1
     assert checked >= 6  # README: results, one knob; lab.md: rollouts x 2, diagnosis; onestep.md
+    said = set(out.splitlines())  # and the report's own lines that the pages quote in ```
+    quoted = [line for page in pages for block in re.findall(r"```\n(.*?)```", open(os.path.join(HERE, page)).read(), re.S)
+              for line in block.splitlines() if line.startswith(REPORT_LINES)]
+    assert len(quoted) >= 3 and not [line for line in quoted if line not in said], quoted
+
+
+REPORT_LINES = ("CSCR diagnosis on", "entropy against sensitivity", "credit.png, responses")
