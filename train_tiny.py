@@ -6,7 +6,7 @@ one-digit numbers by partial sums, "6+9+8=" -> "6+9=15,15+8=23>23<eos>"), its ex
 and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab.py
 runs this loop and measures it.
 
-    python train_tiny.py --quick        # a first look: GRPO on a smaller task, about a minute
+    python train_tiny.py --quick        # a first look: GRPO on a smaller task, about 45 s
     python train_tiny.py                # five methods on the full task
     python train_tiny.py --quick --impl my/tokencredit.py   # your own equations train it
 """
