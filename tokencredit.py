@@ -345,10 +345,11 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean, kl_mean). The inputs' values are
     checked and the stats read back in one host-device synchronisation.
     """
-    mask, values_ok = _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta,
-                                         surrogate, ratio_level)
+    mask, values_check = _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta,
+                                            surrogate, ratio_level)
     # padding becomes exactly 0 first: garbage there reaches no value and no gradient
-    logp, old_logp, A, ref_logp = _zero_padding(mask, logp, old_logp, advantages, ref_logp)
+    inputs = _zero_padding(mask, logp, old_logp, advantages, ref_logp if beta > 0 else None)
+    logp, old_logp, A, ref_logp = inputs
     ratio = kl = None
     if surrogate == "clip":
         ratio = importance_ratio(logp, old_logp, mask, ratio_level)  # (N, T) rho, or GSPO's s_i
@@ -359,7 +360,7 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
         kl = kl_k3(logp, ref_logp)  # (N, T)
         per_token = per_token + beta * kl  # (N, T)
     loss = aggregate(per_token, mask, mode, group_size, max_len)  # sum_{i,t} w_{i,t} per_token
-    return loss, _loss_stats(values_ok, mask, A, ratio, kl, eps_low, eps_high)
+    return loss, _loss_stats(values_check, inputs, mask, ratio, kl, eps_low, eps_high)
 
 
 def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -661,10 +662,10 @@ def _check_token_ids(targets, logits: torch.Tensor) -> None:
 
 def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta: float, surrogate: str,
                        ratio_level: str):
-    """policy_loss's checks. Shapes, devices and choices now; the values (mask 0/1, inputs finite
-    on real tokens) as a 0-d bool tensor and a function naming the culprit, for _loss_stats, so
-    that the values cost no host-device synchronisation of their own.
-    Returns: (mask as bool, (values_ok, raise_for_values))."""
+    """policy_loss's checks. Shapes, devices and choices now; the mask's 0/1 values as a 0-d bool
+    tensor and a function naming the culprit, for _loss_stats, which adds the inputs' finiteness
+    on real tokens: the values cost no host-device synchronisation of their own.
+    Returns: (mask as bool, (mask_ok, raise_for_values))."""
     _check_tensor(logp, "logp", 2, "(N, T)")
     _check_choice(surrogate, "surrogate", SURROGATES)
     _check_choice(ratio_level, "ratio_level", RATIO_LEVELS)
@@ -682,20 +683,16 @@ def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta: float, 
     _check_number(beta, "beta", ">= 0", lambda v: v >= 0)
     if beta > 0:
         _check_same_shape(ref_logp, "ref_logp (needed when beta > 0)", logp, "logp", "(N, T)")
-    real = mask != 0
+    real = mask if mask.dtype == torch.bool else mask != 0
     inputs = dict(logp=logp, old_logp=old_logp, advantages=advantages,
                   ref_logp=ref_logp if beta > 0 else None)
     inputs = {name: x for name, x in inputs.items() if x is not None}
-    values_ok = _mask_values_ok(mask)
-    for x in inputs.values():  # & of 0-d tensors: nothing is read yet
-        real_x = torch.where(real, x, 0.0) if x.dim() == 2 else x
-        values_ok = values_ok & torch.isfinite(real_x).all()
 
     def raise_for_values():
         _check_mask(mask)  # names a value that is not 0 or 1
         for name, x in inputs.items():
             _check_values(x, name, "finite", torch.isfinite, real if x.dim() == 2 else None)
-    return real, (values_ok, raise_for_values)
+    return real, (_mask_values_ok(mask), raise_for_values)
 
 
 def _zero_padding(mask: torch.Tensor, logp, old_logp, advantages, ref_logp):
@@ -709,12 +706,16 @@ def _zero_padding(mask: torch.Tensor, logp, old_logp, advantages, ref_logp):
     return real(logp), constant(old_logp), constant(advantages), constant(ref_logp)
 
 
-def _loss_stats(values_ok, mask: torch.Tensor, A: torch.Tensor, ratio, kl, eps_low: float,
+def _loss_stats(values_check, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
                 eps_high: float) -> Dict[str, float]:
     """policy_loss's statistics over real tokens, read back in one synchronisation together with
-    the input values' check (which raises here, naming the input at fault)."""
-    ok, raise_for_values = values_ok
+    the input values' check (which raises here, naming the input at fault). inputs: the
+    _zero_padding'ed (logp, old_logp, A, ref_logp), finite exactly where the real tokens are."""
+    ok, raise_for_values = values_check
+    A = inputs[2]
     with torch.no_grad():
+        for x in inputs:  # a NaN or inf makes the sum one too (an overflow only looks further)
+            ok = ok if x is None else ok & torch.isfinite(x.sum())  # 0-d: nothing is read yet
         num_tokens = torch.count_nonzero(mask)
         values = [ok, num_tokens]
         if ratio is not None:  # padding has rho = 1 exactly: never clipped
