@@ -228,6 +228,10 @@ def read_metrics(path):
         return [json.loads(line) for line in f]
 
 
+def drop_times(record: dict) -> dict:  # what a run computes, without the seconds it took
+    return {k: v for k, v in record.items() if not k.startswith("t_")}
+
+
 def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The one test that asks for the CPU by name; what --device auto picks is never assumed."""
     monkeypatch.chdir(tmp_path)
@@ -272,7 +276,6 @@ def test_impl_trains_with_the_students_file(tmp_path, monkeypatch, capsys):
     tt.main(argv + ["--name", "direct"])
     tt.main(argv + ["--name", "impl", "--impl", "mine.py"])
     assert tt.tc.__file__ == str(tmp_path / "mine.py")
-    drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("t_")}  # noqa: E731
     direct, impl = (read_metrics(tmp_path / "runs" / name / "metrics.jsonl")
                     for name in ("direct", "impl"))
     assert [drop_times(r) for r in impl] == [drop_times(r) for r in direct] and len(direct) == 2
@@ -301,7 +304,6 @@ def test_same_seed_same_metrics_and_reinforce_from_the_command_line(tmp_path, mo
     argv = TINY + ["--methods", "dapo,cscr", "--device", "cpu"]
     tt.main(argv + ["--name", "a"])
     tt.main(argv + ["--name", "b"])
-    drop_times = lambda r: {k: v for k, v in r.items() if not k.startswith("t_")}  # noqa: E731
     a = [drop_times(r) for r in read_metrics(tmp_path / "runs" / "a" / "metrics.jsonl")]
     b = [drop_times(r) for r in read_metrics(tmp_path / "runs" / "b" / "metrics.jsonl")]
     assert a == b and len(a) == 4
