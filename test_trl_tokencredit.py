@@ -616,3 +616,234 @@ def test_smoke_training_with_accumulation_and_group_token(tokenizer):
     logged = [r for r in trainer.state.log_history if "tc/clip_frac_low" in r]
     assert len(logged) == 4 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logged)
     assert any((p.detach() - b).abs().max() > 0 for p, b in zip(model.parameters(), before))
+
+
+# -----------------------------------------------------------------------------
+# dynamic sampling (DAPO) inside the trainer: the verdicts are scripted per round, so which
+# groups are informative is known; the shaped second reward makes every group's weighted sum
+# differ, so a filter on the sum instead of the verdicts would keep other groups.
+
+M1, M2, M3, ALL1, ALL0 = [1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 1], [1] * G, [0] * G
+
+
+class Scripted:
+    """The verdict reward function `correct`, one table (B groups of G verdicts) per round."""
+
+    def __init__(self, tables):
+        self.tables, self.calls = tables, 0
+
+    def __call__(self, completions, **kwargs):
+        table = self.tables[min(self.calls, len(self.tables) - 1)]
+        self.calls += 1
+        return [float(v) for group in table for v in group]
+
+
+def shaped(completion_ids, **kwargs):  # a length shaping: never equal within a group
+    return [-0.01 * len(ids) - 0.001 * i for i, ids in enumerate(completion_ids)]
+
+
+def ds_trainer(tokenizer, tables, credit, widths=None, dataset=None, model=None, **settings):
+    """A trainer whose rounds are recorded (each round's batch, weighted rewards, verdicts);
+    widths: each round's completions cut to that many tokens (rounds of different widths)."""
+    correct = Scripted(tables)
+    correct.__name__ = "correct"
+    base = dict(per_device_train_batch_size=4 * G, num_iterations=2, reward_weights=[1.0, 1.0])
+    trainer = TokenCreditGRPOTrainer(
+        model=model or tiny_model(tokenizer), reward_funcs=[correct, shaped],
+        args=config(**{**base, **settings}), train_dataset=dataset or prompts(16),
+        processing_class=tokenizer, credit=credit)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.recorded = []
+    score_round, generate = trainer._score_round, trainer._generate
+
+    def record(batch):
+        out = score_round(batch)
+        trainer.recorded.append(({k: v.clone() for k, v in out.items()},
+                                 trainer._round_rewards.clone(),
+                                 trainer._rewards_per_func[:, 0].clone(), batch))
+        return out
+
+    def cut(prompts_):
+        result = list(generate(prompts_))
+        if widths is not None:
+            width = widths[len(trainer.recorded) % len(widths)]
+            result[1] = [list(ids)[:width] for ids in result[1]]
+        return tuple(result)
+    trainer._score_round, trainer._generate = record, cut
+    return trainer
+
+
+def first_batch(trainer):
+    trainer.model.train()
+    batch = [trainer.train_dataset[i] for i in range(4) for _ in range(G)]  # as TRL's sampler
+    torch.manual_seed(0)
+    return trainer._generate_and_score_completions(batch)
+
+
+PADS = dict(prompt_ids="left", prompt_mask="left", completion_ids="right",
+            completion_mask="right", old_per_token_logps="right")
+
+
+def widen(t, width, side, value=0):
+    extra = width - t.shape[1]
+    return torch.nn.functional.pad(t, (extra, 0) if side == "left" else (0, extra), value=value)
+
+
+def replayed_fill_batch(trainer, batch_size, max_rounds):
+    """tc.fill_batch on the recorded rounds, every key padded to the widest round."""
+    pad_id = trainer.processing_class.pad_token_id
+    widths = {k: max(out[k].shape[1] for out, *_ in trainer.recorded) for k in PADS}
+    rounds = iter(trainer.recorded)
+
+    def sample_groups():
+        out, rewards, verdicts, _ = next(rounds)
+        B = rewards.numel() // G
+        groups = dict(correct=verdicts.view(B, G), rewards=rewards.view(B, G))
+        for key, side in PADS.items():
+            value = pad_id if key.endswith("_ids") else 0
+            groups[key] = widen(out[key], widths[key], side, value).view(B, G, -1)
+        return groups
+    batch, stats = tc.fill_batch(sample_groups, batch_size, max_rounds, "correct")
+    return {k: v.flatten(0, 1) for k, v in batch.items()}, stats, widths
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_dynamic_sampling_keeps_what_fill_batch_keeps(tokenizer, scale):
+    """Rounds of different widths: the kept batch (ids, masks, old log-probs, advantages, stats)
+    is fill_batch's on the same rounds, and each kept row scores as it did in its own round."""
+    tables = [[M1, ALL1, ALL0, M2], [ALL0, M3, ALL1, ALL1], [M2, M1, M3, ALL0]]
+    credit = Credit(dynamic_sampling=True, max_rounds=3, filter_reward="correct")
+    trainer = ds_trainer(tokenizer, tables, credit, widths=[12, 5, 9], scale_rewards=scale)
+    out = first_batch(trainer)
+    expected, stats, widths = replayed_fill_batch(trainer, 4, 3)
+    assert stats == dict(rounds=3, groups_seen=12, groups_informative=6, groups_kept=4, full=1)
+    assert [o["completion_ids"].shape[1] for o, *_ in trainer.recorded] == [12, 5, 9]
+    pad_id = tokenizer.pad_token_id
+    for key, side in PADS.items():
+        ours = widen(out[key], widths[key], side, pad_id if key.endswith("_ids") else 0)
+        assert torch.equal(ours, expected[key].to(ours.dtype)), key
+    A = tc.group_advantages(expected["rewards"].view(-1, G), scale=tc_scale(scale),
+                            eps=1e-4).flatten()
+    assert torch.equal(out["advantages"], A)
+    assert out["tc_real"].tolist() == [1.0] * 16 and int(out["tc_rows"]) == 16
+    assert int(out["num_items_in_batch"]) == int(out["completion_mask"].sum())
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("ds/")}
+    assert logged == {**{f"ds/{k}": float(v) for k, v in stats.items()},
+                      "ds/reward": pytest.approx(float(expected["rewards"].mean()), abs=1e-6)}
+    # the kept rows come from rounds 0 and 2, of widths 12 and 9, prompts re-padded: each row's
+    # log-probs scored in the concatenated batch are those of its own round
+    with torch.no_grad():
+        again = scored(trainer, out)
+    mask = out["completion_mask"].bool()
+    difference = (again - out["old_per_token_logps"]).abs()[mask].max().item()
+    print(f"\nscale {scale}: kept rows re-scored in the concatenated batch: max|diff| "
+          f"{difference:.1e}")
+    assert difference < 1e-5
+
+
+def tc_scale(scale_rewards):
+    return {"group": "std", "batch": "batch", "none": "none"}[scale_rewards]
+
+
+def test_dynamic_sampling_filters_on_the_named_verdict(tokenizer):
+    with pytest.raises(ValueError, match="name the verdict to filter on"):
+        ds_trainer(tokenizer, [[M1] * 4], Credit(dynamic_sampling=True))
+    with pytest.raises(ValueError, match="is not a reward function"):
+        ds_trainer(tokenizer, [[M1] * 4], Credit(dynamic_sampling=True, filter_reward="nope"))
+    with pytest.raises(ValueError, match="max_rounds must be a positive int"):
+        Credit(dynamic_sampling=True, max_rounds=0)
+
+
+@pytest.mark.parametrize("mode", ["sample", "token", "group_token", "constant"])
+def test_a_short_batch_is_policy_loss_on_the_kept_rows_alone(tokenizer, mode):
+    """2 of 4 groups informative after max_rounds: the loss and gradient are tc.policy_loss on
+    fill_batch's rows alone (its normalisers), the fillers weigh nothing."""
+    tables = [[ALL1, ALL0, M1, ALL1], [ALL0, ALL0, ALL1, ALL1], [ALL1, M2, ALL0, ALL0]]
+    credit = Credit(mode=mode, dynamic_sampling=True, max_rounds=3, filter_reward="correct")
+    trainer = ds_trainer(tokenizer, tables, credit, widths=[12, 7, 10])
+    out = first_batch(trainer)
+    expected, stats, _ = replayed_fill_batch(trainer, 4, 3)
+    assert stats["groups_kept"] == 2 and stats["full"] == 0 and stats["rounds"] == 3
+    assert out["tc_real"].tolist() == [1.0] * 8 + [0.0] * 8
+    assert out["completion_mask"][8:].sum() == 0 and out["advantages"][8:].abs().sum() == 0
+    model = trainer.model
+    g = torch.Generator().manual_seed(1)
+    noise = 0.5 * torch.randn(out["completion_mask"].shape, generator=g)
+    out["old_per_token_logps"] = out["old_per_token_logps"] + noise  # so that the clip acts
+    ours = loss_and_grad(model, lambda: trainer._compute_loss(model, out))
+
+    def plain(rows=8):
+        kept = {k: v[:rows] for k, v in out.items() if torch.is_tensor(v) and v.dim() > 0}
+        logp = scored(trainer, kept)
+        A = torch.nn.functional.pad(tc.group_advantages(expected["rewards"].view(-1, G),
+                                                        eps=1e-4).flatten(), (0, rows - 8))
+        return tc.policy_loss(logp, kept["old_per_token_logps"], A, kept["completion_mask"],
+                              mode=mode, group_size=G, max_len=MAX_COMPLETION,
+                              eps_low=0.2, eps_high=0.2)[0]
+    theirs = loss_and_grad(model, plain)
+    loss_diff = (ours[0] - theirs[0]).abs().item()
+    grad_diff = (ours[1] - theirs[1]).abs().max().item()
+    print(f"\nshort batch, mode {mode}: loss {ours[0].item():.2e}, max|diff| loss "
+          f"{loss_diff:.1e} grad {grad_diff:.1e}")
+    assert loss_diff < 1e-6 and grad_diff < 1e-6
+    assert ours[0].abs().item() > 1e-4
+    with_fillers = plain(16).item()  # the fillers counted as rows: other normalisers
+    if mode != "token":  # (token: the fillers have no tokens to count)
+        assert abs(with_fillers - ours[0].item()) > 0.3 * abs(ours[0].item())
+    # two micro-batches (GA = 2), the kept rows all in the first: each is scaled by its share
+    with setting(trainer.args, steps_per_generation=2, gradient_accumulation_steps=2), \
+            setting(trainer, current_gradient_accumulation_steps=2):
+        halves = [split(out, torch.arange(8)), split(out, torch.arange(8, 16))]
+        accumulated = loss_and_grad(model, lambda: sum(trainer._compute_loss(model, h)
+                                                       for h in halves))
+    assert (accumulated[0] - theirs[0]).abs() < 1e-6
+    assert (accumulated[1] - theirs[1]).abs().max() < 1e-6
+
+
+def test_dynamic_sampling_of_one_round_is_the_bridge_without_it(tokenizer):
+    """max_rounds=1 and every group informative: the same batch, loss and gradient as
+    dynamic sampling off."""
+    tables = [[M1, M2, M3, M1]]
+    results = []
+    for credit in (Credit(), Credit(dynamic_sampling=True, max_rounds=1,
+                                    filter_reward="correct")):
+        trainer = ds_trainer(tokenizer, tables, credit)
+        out = first_batch(trainer)
+        model = trainer.model
+        results.append((out, loss_and_grad(model, lambda: trainer._compute_loss(model, out))))
+    (off, (loss_off, grad_off)), (on, (loss_on, grad_on)) = results
+    for key in off:
+        assert torch.equal(off[key], on[key]), key
+    assert torch.equal(loss_off, loss_on) and torch.equal(grad_off, grad_on)
+    assert loss_off.abs() > 1e-3
+
+
+def test_dynamic_sampling_leaves_the_epochs_and_the_main_prompt_stream_alone(tokenizer):
+    """Training 4 generation batches over 8 prompts (2 epochs): the prompts TRL's loader hands
+    over and the epoch count are those without dynamic sampling; extra rounds draw elsewhere.
+    Batch 2 finds nothing informative in 3 rounds: its loss is 0 and training goes on."""
+    tables = [[ALL1, M1, ALL0, M2], [M1, M2, M3, M1], [ALL1] * 4, [ALL0] * 4, [ALL1] * 4,
+              [M1] * 4]
+    seen, states = [], []
+    for credit in (Credit(), Credit(dynamic_sampling=True, filter_reward="correct")):
+        trainer = ds_trainer(tokenizer, tables, credit, dataset=prompts(8), num_iterations=1,
+                             max_steps=4, max_completion_length=6, learning_rate=1e-3)
+        main = []
+        generate = trainer._generate_and_score_completions
+
+        def record(inputs, generate=generate, main=main):
+            main.append([x["prompt"] for x in inputs])
+            return generate(inputs)
+        trainer._generate_and_score_completions = record
+        trainer.train()
+        seen.append(main)
+        states.append((trainer.state.epoch, len(trainer.recorded), trainer.state.log_history))
+    assert seen[0] == seen[1] and len(seen[0]) == 4
+    extra = [x["prompt"] for x in trainer.recorded[1][3]]  # batch 1's second round
+    assert extra != seen[1][0] and set(extra) <= set(prompts(8)["prompt"])
+    assert states[0][0] == states[1][0] == 2.0
+    assert states[0][1] == 4 and states[1][1] == 1 + 2 + 3 + 1 + 1 - 1  # rounds per batch 2,3,1,1
+    logs = [r for r in states[1][2] if "ds/rounds" in r]
+    assert [r["ds/rounds"] for r in logs] == [2.0, 3.0, 1.0, 1.0]
+    assert [r["ds/full"] for r in logs] == [1.0, 0.0, 1.0, 1.0]
+    assert logs[1]["loss"] == 0.0 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)
