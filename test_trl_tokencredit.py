@@ -847,3 +847,131 @@ def test_dynamic_sampling_leaves_the_epochs_and_the_main_prompt_stream_alone(tok
     assert [r["ds/rounds"] for r in logs] == [2.0, 3.0, 1.0, 1.0]
     assert [r["ds/full"] for r in logs] == [1.0, 0.0, 1.0, 1.0]
     assert logs[1]["loss"] == 0.0 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)
+
+
+# -----------------------------------------------------------------------------
+# CSCR inside the trainer: the kept completions re-scored under c+ and c- (train_tiny's "Y"/"N")
+
+CSCR = dict(cscr_strength=1.0, cond_pos="Y", cond_neg="N")
+
+
+def test_cscr_scores_and_weights_are_train_tinys(tokenizer):
+    """The same checkpoint and completions: log-probs under c+ and c- and the weights equal
+    train_tiny's own score() and CSCR credit, on prompts of unequal length."""
+    trainer = ds_trainer(tokenizer, [[M1, M2, M3, M1]], Credit(**CSCR))
+    out = first_batch(trainer)
+    logp, logp_pos, logp_neg = trainer._cscr_scored
+    problems = [p for p in tiny_task.ProblemStream(TINY, 7).next(4) for _ in range(G)]
+    assert tiny_task.prompt_texts(problems) == [x["prompt"] for x in trainer.recorded[0][3]]
+    lengths = out["prompt_mask"].sum(dim=1)
+    assert lengths.min() < lengths.max()  # left padding is there
+    responses, mask = out["completion_ids"], out["completion_mask"].bool()
+    args = dataclasses.replace(TINY, temperature=trainer.args.temperature)
+    with torch.no_grad():
+        (theirs_pos, _), (theirs_neg, _) = tt.score(trainer.model, tokenizer, args, problems,
+                                                    responses, mask, conds=("Y", "N"))
+        (theirs, _), = tt.score(trainer.model, tokenizer, args, problems, responses, mask)
+    for name, ours, ref in (("c+", logp_pos, theirs_pos), ("c-", logp_neg, theirs_neg),
+                            ("old", logp, theirs)):
+        difference = (ours - ref).abs()[mask].max().item()
+        print(f"\nCSCR log-probs under {name} against train_tiny.score: max|diff| {difference:.1e}")
+        assert difference < 1e-5, name
+    assert (logp_pos - logp).abs()[mask].mean() > 1e-2  # the conditions move the log-probs
+    targs = dataclasses.replace(args, cscr_strength=1.0)
+    A = torch.ones(len(problems))
+    expected = tt.token_credit(targs, A, mask, None, theirs, dict(logp_pos=theirs_pos,
+                                                                  logp_neg=theirs_neg))
+    difference = (out["tc_weights"] - expected).abs().max().item()
+    print(f"CSCR weights against train_tiny.token_credit: max|diff| {difference:.1e}")
+    assert difference < 1e-5 and (expected - 1).abs()[mask].max() > 0.1
+    d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
+    diagnostics = tc.shift_diagnostics(d_pos, d_neg, mask)
+    logged = trainer._metrics["train"]
+    for key in trainer.CSCR_METRICS:
+        assert logged[f"cscr/{key}"][-1] == pytest.approx(diagnostics[key], abs=1e-6), key
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '>' + m['content'] + ',' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '>>' }}{% endif %}")
+
+
+def test_cscr_puts_the_assertion_inside_the_chat_template(tokenizer):
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = CHAT_TEMPLATE
+    problems = tiny_task.ProblemStream(TINY, 7).next(4)
+    conversations = [[{"role": "user", "content": text}]
+                     for text in tiny_task.prompt_texts(problems)]
+    trainer = TokenCreditGRPOTrainer(
+        model=tiny_model(tokenizer), reward_funcs=odd_length, args=config(num_iterations=2),
+        train_dataset=Dataset.from_dict({"prompt": conversations}), processing_class=chat,
+        credit=Credit(**CSCR))
+    ids, mask = trainer.conditioned_prompt_ids(conversations[:2], "Y")
+    first = chat.decode(ids[0][mask[0].bool()])
+    assert first == ">Y" + tiny_task.prompt_texts(problems[:1])[0] + ",>>"
+    expected = chat.apply_chat_template([{"role": "user", "content": "Y" + conversations[1][0][
+        "content"]}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert ids[1][mask[1].bool()].tolist() == list(expected)
+    trainer.model.train()
+    batch = [trainer.train_dataset[i] for i in range(2) for _ in range(G)]
+    out = trainer._generate_and_score_completions(batch)
+    assert out["tc_weights"].shape == out["completion_mask"].shape
+
+
+def test_cscr_of_strength_0_is_the_bridge_without_weights(tokenizer):
+    results = []
+    for credit in (Credit(), Credit(**{**CSCR, "cscr_strength": 0.0})):
+        trainer = ds_trainer(tokenizer, [[M1, M2, M3, M1]], credit)
+        out = first_batch(trainer)
+        noise = 0.3 * torch.randn(out["completion_mask"].shape,
+                                  generator=torch.Generator().manual_seed(2))
+        out["old_per_token_logps"] = out["old_per_token_logps"] + noise
+        model = trainer.model
+        results.append(loss_and_grad(model, lambda: trainer._compute_loss(model, out)))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][0].abs() > 1e-4
+
+
+def test_only_the_kept_rows_are_rescored(tokenizer):
+    """Dynamic sampling and CSCR: 4 groups kept of 12 sampled in 3 rounds; the model scores
+    3 x 16 rows for TRL's old log-probs, and 2 conditions x 16 kept rows for CSCR."""
+    tables = [[M1, ALL1, ALL0, M2], [ALL0, M3, ALL1, ALL1], [M2, M1, M3, ALL0]]
+    credit = Credit(dynamic_sampling=True, max_rounds=3, filter_reward="correct", **CSCR)
+    trainer = ds_trainer(tokenizer, tables, credit, widths=[12, 5, 9])
+    calls = []
+    hook = trainer.model.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape[0])
+        if kwargs.get("fused_lm_head") else None, with_kwargs=True)
+    out = first_batch(trainer)
+    hook.remove()
+    # kept: groups 0, 3 of round 0, group 1 of round 1, group 0 of round 2 (then it is full)
+    assert calls == [16] * 3 + [8, 8, 4, 4, 4, 4]
+    kept_rounds = trainer._metrics["train"]["ds/groups_kept"][-1]
+    assert kept_rounds == 4.0 and out["tc_weights"].shape == out["completion_mask"].shape
+    real = out["completion_mask"].bool()
+    assert (out["tc_weights"][~real] == 0).all() and (out["tc_weights"][real] > 0).all()
+
+
+def test_smoke_training_with_dynamic_sampling_cscr_and_accumulation(tokenizer):
+    """2 micro-batches per generation batch (groups shuffled whole), 2 iterations: one
+    generation batch, re-scored under c+ and c- once per round used, its weights kept for the
+    4 optimizer-step halves."""
+    tables = [[M1, ALL1, ALL0, M2] * 2, [M3, M1, ALL1, ALL0] * 2]
+    credit = Credit(mode="group_token", dynamic_sampling=True, filter_reward="correct", **CSCR)
+    model = tiny_model(tokenizer, seed=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = ds_trainer(tokenizer, tables, credit, model=model, gradient_accumulation_steps=2,
+                         steps_per_generation=2, max_steps=2, learning_rate=1e-3,
+                         max_completion_length=8)
+    rescored = []
+    cscr_weights = trainer._cscr_weights
+
+    def count(*args):
+        rescored.append(args[2].numel())
+        return cscr_weights(*args)
+    trainer._cscr_weights = count
+    trainer.train()
+    assert len(trainer.recorded) == 2 and rescored == [16, 16]  # 4 + 4 groups kept
+    logged = [r for r in trainer.state.log_history if "ds/rounds" in r]
+    assert [r["ds/rounds"] for r in logged] == [2.0] and logged[0]["ds/full"] == 1.0
+    assert 0 <= logged[0]["cscr/sign_reversal"] <= 1
+    assert any((p.detach() - b).abs().max() > 0 for p, b in zip(model.parameters(), before))

@@ -206,6 +206,18 @@ def high_entropy_weights(top_fraction: float = 0.2) -> Callable:
     return weights
 
 
+def assert_in_conversation(messages: list, cond: str) -> list:
+    """CSCR's assertion in a chat prompt: `cond` before the content of the last user message,
+    so that the chat template wraps it (never raw text before the template's tokens)."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users or not isinstance(messages[users[-1]].get("content"), str):
+        raise ValueError(f"CSCR on a conversation needs a last user message with text content, "
+                         f"got roles {[m.get('role') for m in messages]}")
+    last = users[-1]
+    return (messages[:last] + [{**messages[last], "content": cond + messages[last]["content"]}]
+            + messages[last + 1:])
+
+
 def shuffle_groups(batch: dict, group: torch.Tensor, G: int) -> dict:
     """TRL's shuffle_sequence_dict, moving whole groups: rows g*G..g*G+G-1 must be one group."""
     n = group.shape[0]
