@@ -975,3 +975,74 @@ def test_smoke_training_with_dynamic_sampling_cscr_and_accumulation(tokenizer):
     assert [r["ds/rounds"] for r in logged] == [2.0] and logged[0]["ds/full"] == 1.0
     assert 0 <= logged[0]["cscr/sign_reversal"] <= 1
     assert any((p.detach() - b).abs().max() > 0 for p, b in zip(model.parameters(), before))
+
+
+def test_the_script_runs_train_tinys_presets():
+    """--preset dapo / cscr: train_tiny's preset as a Credit and reward functions, flags given
+    override it."""
+    import trl_tokencredit as bridge
+    args, opt = bridge.parse_args(["--preset", "dapo", "--steps", "3", "--eps-high", "0.3"])
+    expected = {**tt.PRESETS["dapo"], "eps_high": 0.3}
+    assert {k: getattr(args, k) for k in expected} == expected and opt.steps == 3
+    credit = bridge.tiny_credit(args)
+    assert (credit.mode, credit.dynamic_sampling, credit.max_rounds, credit.filter_reward,
+            credit.cscr_strength) == ("token", True, 3, "verifier", None)
+    config, _, reward_funcs = bridge.tiny_setup(args, 0, 3, "cpu", 1)
+    assert [f.__name__ for f in reward_funcs] == ["verifier", "overlong"]
+    assert config.epsilon_high == 0.3
+    lengths = [[5] * n for n in (40, 44, 48)]
+    assert reward_funcs[1](completion_ids=lengths) == pytest.approx(
+        tc.overlong_penalty(torch.tensor([40, 44, 48]), 48, 6).tolist())
+    args, _ = bridge.parse_args(["--preset", "cscr", "--cond-pos", "YY"])
+    credit = bridge.tiny_credit(args)
+    assert (credit.cscr_strength, credit.cond_pos, credit.cond_neg, credit.dynamic_sampling,
+            credit.mode) == (1.0, "YY", "N", False, "sample")
+    assert bridge.tiny_credit(bridge.parse_args([])[0]).cscr_strength is None
+    with pytest.raises(SystemExit):
+        bridge.parse_args(["--preset", "opsd"])
+
+
+# -----------------------------------------------------------------------------
+# two processes (not a pytest test): torchrun --nproc_per_node 2 test_trl_tokencredit.py
+# (docs/trl.md has its output). Global fill over rounds where the informative groups sit on
+# one process: both keep the same groups, process 0 trains on process 1's rows, nothing hangs.
+
+def two_processes():
+    rank = int(os.environ.get("RANK", 0))
+    tokenizer = tiny_task.build_tokenizer()
+    # 4 groups per round (2 per process); round 0: both informative ones on process 1
+    tables = [[ALL1, ALL0, M1, M2], [M3, ALL0, M1, M2], [M2, M1, M3, M1]]
+    mine = [[group for group in table[2 * rank:2 * rank + 2]] for table in tables]
+    credit = Credit(dynamic_sampling=True, max_rounds=3, filter_reward="correct", **CSCR)
+    trainer = ds_trainer(tokenizer, mine, credit, widths=[12, 6, 9],
+                         per_device_train_batch_size=2 * G, max_steps=2)
+    acc = trainer.accelerator
+    trainer.model.train()
+    batch = [trainer.train_dataset[i] for i in range(2 * rank, 2 * rank + 2) for _ in range(G)]
+    torch.manual_seed(rank)
+    out = trainer._generate_and_score_completions(batch)
+    stats = {k[3:]: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("ds/")}
+    # the kept rows this process got, against the rounds' rows of every process
+    rounds = [acc.gather(acc.pad_across_processes(o["completion_ids"], dim=1, pad_index=0))
+              for o, *_ in trainer.recorded]
+    expected = {0: [(0, 2), (0, 3)], 1: [(1, 0), (1, 2)]}[rank]  # (round, global group)
+    width = out["completion_ids"].shape[1]
+    same = all(torch.equal(widen(rounds[r][j * G:(j + 1) * G], width, "right"),
+                           out["completion_ids"][k * G:(k + 1) * G].cpu())
+               for k, (r, j) in enumerate(expected))
+    decisions = acc.gather_for_metrics([stats], use_gather_object=True)
+    print(f"rank {rank}: {stats}; kept (round, group) {expected}: rows equal {same}; "
+          f"tc_group {out['tc_group'].tolist()}; same stats on both: "
+          f"{decisions[0] == decisions[1]}", flush=True)
+    trainer._metrics["train"].clear()
+    trainer.train()  # 2 optimizer steps (2 iterations) on one generation batch: DS and CSCR
+    logged = [(r["ds/rounds"], r["ds/groups_kept"], r["ds/full"])
+              for r in trainer.state.log_history if "ds/rounds" in r]
+    reversal = [round(r["cscr/sign_reversal"], 4) for r in trainer.state.log_history
+                if "cscr/sign_reversal" in r]
+    print(f"rank {rank}: trained {trainer.state.global_step} steps, (rounds, kept, full) per "
+          f"generation batch {logged}, cscr/sign_reversal {reversal}", flush=True)
+
+
+if __name__ == "__main__":
+    two_processes()
