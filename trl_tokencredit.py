@@ -5,14 +5,16 @@ several GPUs) whose advantages are tokencredit.group_advantages and whose loss i
 tokencredit.policy_loss. GRPOConfig stays the source of truth: without `credit=` the trainer
 computes what TRL would (loss_type, scale_rewards, importance_sampling_level, top_entropy_quantile,
 epsilon, beta), or refuses at start what tokencredit cannot express. `credit=Credit(...)` adds
-what TRL has no setting for (mode "group_token", the leave-one-out baseline, per-token weights) and
-may replace a setting left at TRL's default; one that disagrees with a setting you changed raises.
+what TRL has no setting for (mode "group_token", the leave-one-out baseline, per-token weights,
+DAPO's dynamic sampling, CSCR's re-scoring under c+ and c-) and may replace a setting left at TRL's
+default; one that disagrees with a setting you changed raises.
 
     trainer = TokenCreditGRPOTrainer(model=..., reward_funcs=..., train_dataset=...,
                                      args=GRPOConfig(loss_type="grpo", ...),
                                      credit=Credit(baseline="leave_one_out"))
 
     python trl_tokencredit.py --loss-mode sample --steps 60 --seed 0    # train_tiny's task
+    python trl_tokencredit.py --preset dapo                             # or cscr, ...
 See docs/trl.md: the mapping, what is exact and tested, normalisers, positions, refusals.
 """
 
