@@ -752,6 +752,13 @@ def test_dynamic_sampling_filters_on_the_named_verdict(tokenizer):
         ds_trainer(tokenizer, [[M1] * 4], Credit(dynamic_sampling=True, filter_reward="nope"))
     with pytest.raises(ValueError, match="max_rounds must be a positive int"):
         Credit(dynamic_sampling=True, max_rounds=0)
+    trainer = ds_trainer(tokenizer, [[ALL1] * 4], Credit(dynamic_sampling=True,
+                                                         filter_reward="correct"),
+                         dataset=prompts(3))  # fewer prompts than a round draws
+    trainer.model.train()
+    batch = [trainer.train_dataset[i % 3] for i in range(4) for _ in range(G)]
+    with pytest.raises(ValueError, match="draws 4 prompts per round, but the train_dataset has 3"):
+        trainer._generate_and_score_completions(batch)
 
 
 @pytest.mark.parametrize("mode", ["sample", "token", "group_token", "constant"])

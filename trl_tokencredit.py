@@ -505,7 +505,11 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
                                     batch_size=n * P // G, repeat_count=1, shuffle=True,
                                     seed=self.args.seed + 1 + self._ds_passes)
             self._ds_passes += 1
-            self._ds_pending.extend(sampler)
+            drawn = list(sampler)
+            if not drawn:  # RepeatSampler drops an incomplete batch: this one would never end
+                raise ValueError(f"dynamic sampling draws {n * P // G} prompts per round, but the "
+                                 f"train_dataset has {len(self.train_dataset)}")
+            self._ds_pending.extend(drawn)
         take, self._ds_pending = self._ds_pending[:n * P], self._ds_pending[n * P:]
         return [self.train_dataset[i] for i in take[p * n:(p + 1) * n]]
 
