@@ -426,15 +426,13 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
                         + torch.arange(G)).flatten()
                 weights = torch.zeros(out["completion_mask"].shape, device=out["advantages"].device)
                 if rows.numel() or P > 1:  # P > 1: every process calls the model alike (ZeRO-3)
-                    w, d = self._cscr_weights(out, prompts, rows if rows.numel() else rows[:0])
+                    w, d = self._cscr_weights(out, prompts, rows)
                     weights[rows.to(weights.device)] = w
                     diagnostics.append(d)
                 out["tc_weights"] = weights
             self._log_cscr(diagnostics)
         whole = {r: self._gather_round(rounds[r][0]) for r in used}  # every process's rows
-        global_rows = []
-        for r, j in where:
-            global_rows.append((r, torch.arange(j * G, (j + 1) * G)))
+        global_rows = [(r, torch.arange(j * G, (j + 1) * G)) for r, j in where]  # kept groups
         fillers = torch.arange((B_all - K) * G)  # rows of the first used round, masked out
         batch = {}
         for key, (side, value) in self._pad_rules(whole[used[0]]).items():
