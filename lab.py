@@ -13,7 +13,7 @@ random streams. Every table title printed here can be searched for in this file.
     python lab.py knobs --seeds 0,1,2           # the one-knob runs of the README's second table
     python lab.py report results/*.json         # every table again, from saved results
     python lab.py report runs/NAME --save results/    # a run's results, compacted for keeping
-    python lab.py compare results/A.json results/B.json    # B - A, seed by seed, and a picture
+    python lab.py compare results/A.json results/B.json     # B - A, seed by seed, and a picture
 """
 
 import argparse
@@ -755,6 +755,9 @@ EARLY = 10  # "updates 1-10": while the warm-up's loops are still there to remov
 BOOKKEEPING = {"name", "seeds", "methods", "device", "impl", "quick", "log_every", "one_step_lr"}
 PAIRING = ({f.name for f in dataclasses.fields(tiny_task.Task)}  # the warm-up and the problems
            | {"steps", "prompts_per_step", "group_size", "eval_size", "eval_every", "eval_samples"})
+PRIMARY = (("truncated fraction", "early"), ("wrong-answer length", "whole"))  # named in advance
+PRIMARY_HEADER = ("| OTHER - BASE | knob | measure | per seed, in seed order | mean [95 % "
+                  "t-interval] | seeds + / - / 0 | sign test p |")
 COMPARE_HEADER = ("| OTHER - BASE | per seed, in seed order | mean [95 % t-interval] | "
                   "seeds + / - / 0 | sign test p |")
 
@@ -820,9 +823,9 @@ def method_args(run: dict, method: str) -> dict:
 
 def pair_up(base: tuple, other: tuple) -> tuple:
     """The seeds both runs have and the knob that tells them apart, {arg: (base, other)}; a
-    ValueError for runs that cannot be paired: no seed in common, another task, warm-up or
-    schedule (then one seed no longer means the same start, problems and first batch), the same
-    arguments, or more than one argument changed within the same preset."""
+    ValueError for runs that cannot be paired: no seed in common, another task, schedule or
+    warm-up (then one seed no longer means the same start, problems and first batch), the same
+    arguments, or more than one argument changed within one preset."""
     (b_run, b_method), (o_run, o_method) = base, other
     b_args, o_args = method_args(*base), method_args(*other)
     seeds = sorted({r["seed"] for r in b_run["runs"] if r["method"] == b_method}
@@ -837,6 +840,13 @@ def pair_up(base: tuple, other: tuple) -> tuple:
         raise ValueError(f"compare: the runs differ in {describe_knob(unpaired)}, so one seed "
                          "no longer gives the same starting policy, problems and first batch; "
                          "pair runs that differ only in how they train")
+    starts = [tuple(run["start"][k] for k in ("accuracy", "sampled_accuracy", "length"))
+              for run in (b_run, o_run)]
+    if starts[0] != starts[1]:
+        raise ValueError(f"compare: the runs start from different policies (held-out greedy "
+                         f"accuracy, sampled accuracy, length {starts[0]} and {starts[1]}): "
+                         "another machine or thread count made another warm-up; pair runs made "
+                         "on one machine")
     if not changed:
         raise ValueError(f"compare: {b_run['name']}:{b_method} and {o_run['name']}:{o_method} "
                          "trained with the same arguments; there is no knob to compare")
@@ -850,30 +860,32 @@ def describe_knob(changed: dict) -> str:
     return ", ".join(f"{k} {b!r} -> {o!r}" for k, (b, o) in changed.items())
 
 
-def seed_measures(r: dict, start: dict) -> Dict[str, float]:
-    """One method and seed: each compared measure, by its row label."""
+def seed_measures(r: dict, start: dict) -> Dict[tuple, float]:
+    """One method and seed: each compared measure, keyed (measure, "early", "whole" or "end")."""
     u, out = r["updates"], {}
     for key, label, _ in PAIRED_SERIES:
-        out[f"{label}, updates 1-{EARLY}"] = mean_of(u[key][:EARLY])
-        out[f"{label}, updates 1-{len(u[key])}"] = mean_of(u[key])
+        out[label, "early"], out[label, "whole"] = mean_of(u[key][:EARLY]), mean_of(u[key])
     final = summarise_run(r, start)
-    out.update({f"{label}, at the end": final[key] for key, label, _ in PAIRED_EVALS})
+    out.update({(label, "end"): final[key] for key, label, _ in PAIRED_EVALS})
     return out
 
 
 def paired_rows(base: tuple, other: tuple, seeds: List[int]) -> list:
-    """[(row label, digits, per-seed differences OTHER - BASE, paired_stats)] in table order."""
+    """One dict per measure, in table order: its label, digits, the per-seed differences
+    OTHER - BASE and their paired_stats."""
     def measures(side):
         run, method = side
         by_seed = {r["seed"]: r for r in run["runs"] if r["method"] == method}
         return [seed_measures(by_seed[s], run["start"]) for s in seeds]
     b, o = measures(base), measures(other)
-    digits = {label: d for _, name, d in PAIRED_SERIES + PAIRED_EVALS
-              for label in b[0] if label.startswith(name + ",")}
+    steps = len(base[0]["runs"][0]["updates"]["step"])
+    windows = dict(early=f"updates 1-{EARLY}", whole=f"updates 1-{steps}", end="at the end")
+    digits = {label: d for _, label, d in PAIRED_SERIES + PAIRED_EVALS}
     rows = []
-    for label in b[0]:
-        diffs = [y[label] - x[label] for x, y in zip(b, o)]
-        rows.append((label, digits[label], diffs, paired_stats(diffs)))
+    for measure, window in b[0]:
+        diffs = [y[measure, window] - x[measure, window] for x, y in zip(b, o)]
+        rows.append(dict(key=(measure, window), label=f"{measure}, {windows[window]}",
+                         digits=digits[measure], diffs=diffs, **paired_stats(diffs)))
     return rows
 
 
@@ -899,10 +911,30 @@ def format_compare(p: dict) -> str:
              f"{describe_knob(p['changed'])}: seeds {', '.join(map(str, p['seeds']))} "
              f"({len(p['seeds'])} in common; update 1's rollouts identical in "
              f"{p['same_first_batch']} of them)", COMPARE_HEADER, "|---" * 5 + "|"]
-    for label, d, diffs, s in p["rows"]:
-        lines.append(f"| {label} | {' '.join(f'{x:+.{d}f}' for x in diffs)} | {s['mean']:+.{d}f} "
-                     f"[{s['low']:+.{d}f}, {s['high']:+.{d}f}] | {s['plus']} / {s['minus']} / "
-                     f"{s['zero']} | {s['p']:.3f} |")
+    lines += [f"| {row['label']} | {format_paired(row)} |" for row in p["rows"]]
+    return "\n".join(lines)
+
+
+def format_paired(row: dict) -> str:
+    """A row's last four cells: per seed | mean [interval] | signs | p."""
+    d = row["digits"]
+    return (f"{' '.join(f'{x:+.{d}f}' for x in row['diffs'])} | {row['mean']:+.{d}f} "
+            f"[{row['low']:+.{d}f}, {row['high']:+.{d}f}] | {row['plus']} / {row['minus']} / "
+            f"{row['zero']} | {row['p']:.3f}")
+
+
+def format_primary(pairs: List[dict]) -> str:
+    """The primary measures of several paired comparisons, one table."""
+    lines = ["paired comparisons, the primary measures (truncated fraction over updates 1-"
+             f"{EARLY}, wrong-answer length over the whole run), OTHER - BASE per seed:",
+             PRIMARY_HEADER, "|---" * 7 + "|"]
+    for p in pairs:
+        (b_run, b_method), (o_run, o_method) = p["base"], p["other"]
+        for row in p["rows"]:
+            if row["key"] in PRIMARY:
+                lines.append(f"| {o_run['name']} - {b_run['name']} | "
+                             f"{describe_knob(p['changed'])} | {row['label']} | "
+                             f"{format_paired(row)} |")
     return "\n".join(lines)
 
 
@@ -948,27 +980,37 @@ def plot_compare(p: dict, path: str) -> None:
     plt.close(fig)
 
 
-def compare(argv: List[str]) -> dict:
-    """python lab.py compare BASE OTHER [--plot PATH]: the paired table and its picture."""
+def compare(argv: List[str]):
+    """python lab.py compare BASE OTHER [BASE OTHER ...] [--primary] [--plot PATH]"""
     parser = argparse.ArgumentParser(
         prog="lab.py compare", description="Compare two saved runs seed by seed: for each "
         "measure, each seed's difference OTHER - BASE, their mean with a 95 % t-interval, the "
-        "sign counts and the exact two-sided sign test. The runs must share seeds and differ "
-        "only in how they train (one argument, or the preset).")
-    parser.add_argument("base", metavar="BASE", help="runs/NAME or results/NAME.json, "
-                        "optionally :METHOD when the run holds several methods")
-    parser.add_argument("other", metavar="OTHER", help="the same, for the run with the knob")
-    parser.add_argument("--plot", metavar="PATH", help="where to draw the picture (default: "
-                        "runs/compare/OTHER-minus-BASE.png)")
+        "sign counts and the exact two-sided sign test; and a picture of each seed's difference "
+        "per update. The runs must share seeds and differ only in how they train (one argument, "
+        "or the preset).")
+    parser.add_argument("runs", nargs="+", metavar="BASE OTHER", help="pairs of saved runs: "
+                        "runs/NAME or results/NAME.json, with :METHOD when a run holds several")
+    parser.add_argument("--primary", action="store_true", help="one table of every pair's "
+                        "primary measures instead of each pair's whole table")
+    parser.add_argument("--plot", metavar="PATH", help="where to draw the picture of a single "
+                        "pair (default: runs/compare/OTHER-minus-BASE.png)")
     a = parser.parse_args(argv)
-    p = paired(load_side(a.base), load_side(a.other))
-    print(format_compare(p))
-    (b_run, b_method), (o_run, o_method) = p["base"], p["other"]
-    path = a.plot or os.path.join("runs", "compare", f"{o_run['name']}-{o_method}-minus-"
-                                  f"{b_run['name']}-{b_method}.png")
-    plot_compare(p, path)
-    print(f"wrote {path}")
-    return p
+    if len(a.runs) % 2 or (a.plot and len(a.runs) > 2):
+        raise ValueError(f"compare: expected BASE OTHER pairs (and --plot with one pair), got "
+                         f"{len(a.runs)} runs: {' '.join(a.runs)}")
+    sides = [load_side(spec) for spec in a.runs]
+    pairs = [paired(base, other) for base, other in zip(sides[::2], sides[1::2])]
+    if a.primary:
+        print(format_primary(pairs))
+        return pairs
+    for p in pairs:
+        print(format_compare(p))
+        (b_run, b_method), (o_run, o_method) = p["base"], p["other"]
+        path = a.plot or os.path.join("runs", "compare", f"{o_run['name']}-{o_method}-minus-"
+                                      f"{b_run['name']}-{b_method}.png")
+        plot_compare(p, path)
+        print(f"wrote {path}\n")
+    return pairs
 
 
 # -----------------------------------------------------------------------------

@@ -277,10 +277,10 @@ def test_compare_pairs_seeds_hand_worked(tmp_path, capsys):
         paths.append(str(tmp_path / f"{run['name']}.json"))
         with open(paths[-1], "w") as f:
             json.dump(run, f)
-    p = lab.main(["compare", *paths, "--plot", str(tmp_path / "pair.png")])
+    [p] = lab.main(["compare", *paths, "--plot", str(tmp_path / "pair.png")])
     out = capsys.readouterr().out
     assert p["seeds"] == [1, 2] and p["changed"] == {"loss_mode": ("sample", "token")}
-    rows = {label: (diffs, s) for label, _, diffs, s in p["rows"]}
+    rows = {row["label"]: (row["diffs"], row) for row in p["rows"]}
     # truncated, seed 1: 0.05 - 0.10; seed 2, updates 1-10: 1.1 / 10 - 0.2; all 12: (1.7 - 2) / 12
     assert rows["truncated fraction, updates 1-10"][0] == pytest.approx([-0.05, -0.09])
     assert rows["truncated fraction, updates 1-12"][0] == pytest.approx([-0.05, -0.3 / 12])
@@ -294,6 +294,15 @@ def test_compare_pairs_seeds_hand_worked(tmp_path, capsys):
                           "'token': seeds 1, 2 (2 in common; update 1's rollouts identical in 1")
     assert "| truncated fraction, updates 1-10 | -0.0500 -0.0900 | -0.0700 [" in out
     assert (tmp_path / "pair.png").stat().st_size > 0
+    lab.main(["compare", *paths, *paths, "--primary"])  # two pairs, the two primary rows of each
+    primary = capsys.readouterr().out.splitlines()
+    assert primary[1] == lab.PRIMARY_HEADER and len(primary) == 3 + 2 * 2
+    assert primary[3].startswith("| other - base | loss_mode 'sample' -> 'token' | truncated "
+                                 "fraction, updates 1-10 | -0.0500 -0.0900 |")
+    assert primary[4].startswith("| other - base | loss_mode 'sample' -> 'token' | wrong-answer "
+                                 "length, updates 1-12 | -6.00 +1.00 |")
+    with pytest.raises(ValueError, match="expected BASE OTHER pairs"):
+        lab.main(["compare", *paths, paths[0]])
 
 
 def test_compare_refuses_runs_it_cannot_pair(tmp_path):
@@ -316,6 +325,10 @@ def test_compare_refuses_runs_it_cannot_pair(tmp_path):
         lab.pair_up(base, side("two", eps_high=0.28, loss_mode="token"))
     with pytest.raises(ValueError, match="the same arguments"):
         lab.pair_up(base, side("twin"))
+    elsewhere = side("elsewhere", loss_mode="token")
+    elsewhere[0]["start"]["accuracy"] = 0.79  # the same arguments, another machine's warm-up
+    with pytest.raises(ValueError, match=r"different policies .*\(0.9, 0.4, 20.0\) and \(0.79, "):
+        lab.pair_up(base, elsewhere)
     with pytest.raises(ValueError, match="no saved run at"):
         lab.load_side(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="name one, as .*:grpo, got 'dapo'"):
