@@ -334,7 +334,6 @@ def test_informative_groups_equal_floats_are_not_informative_and_keep_is_bool():
     assert keep.dtype == torch.bool and keep.tolist() == [False, False, False, True]
     assert torch.equal(keep, ref_informative_groups(equal))
     assert [tc.informative_groups(row[None]).item() for row in equal] == [False] * 3 + [True]
-    assert tc.group_advantages(equal)[:3].abs().sum() == 0  # what an uninformative group gets
     none = tc.informative_groups(Z(0, 4))
     assert none.dtype == torch.bool and none.shape == (0,)
 
@@ -370,7 +369,6 @@ def test_fill_batch_drops_a_group_of_equal_floats_and_reports_ints():
     assert batch["group_id"].tolist() == [1, 3] and batch["group_id"].dtype == torch.long
     assert stats == dict(rounds=4, groups_seen=4, groups_informative=2, groups_kept=2, full=1)
     assert all(type(v) is int for v in stats.values())
-    assert tc.group_advantages(batch["rewards"]).abs().sum() > 0  # every kept group moves
 
 
 def test_fill_batch_matches_the_loop_reference():

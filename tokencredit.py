@@ -177,7 +177,7 @@ def policy_gradient_surrogate(logp: torch.Tensor, advantages: torch.Tensor) -> t
 
     A may be the raw reward (REINFORCE), a baselined advantage (GRPO) or per token (CSCR). The
     gradient ignores which policy sampled o_t, so it is right only on-policy. The advantages are
-    constants (no gradient flows into them): pass them detached, as policy_loss does.
+    constants of the loss (no gradient is meant for them): pass them detached, as policy_loss does.
     Args: logp (N, T); advantages (N,) or (N, T). Returns: loss (N, T), not yet aggregated.
     """
     _check_tensor(logp, "logp", 2, "(N, T)")
