@@ -4,6 +4,7 @@
 1. Does RL fix the warm-up's mistakes?               the results table, rollout figures, curves.png
 2. What does one step do under each weighting?       one_step, its table and onestep.png
 3. Where does CSCR move credit?                      diagnose, its table and credit.png
+4. Does one knob change what happens, seed by seed?  compare: two saved runs, paired by seed
 Questions 0, 2 and 3 are asked of the starting policy, on the first held-out prompts, from fixed
 random streams. Every table title printed here can be searched for in this file.
 
@@ -12,8 +13,11 @@ random streams. Every table title printed here can be searched for in this file.
     python lab.py knobs --seeds 0,1,2           # the one-knob runs of the README's second table
     python lab.py report results/*.json         # every table again, from saved results
     python lab.py report runs/NAME --save results/    # a run's results, compacted for keeping
+    python lab.py compare results/A.json results/B.json     # B - A, seed by seed, and a picture
 """
 
+import argparse
+import dataclasses
 import json
 import math
 import os
@@ -36,10 +40,12 @@ ENTROPY_TOP = 0.2  # the fraction of a batch's tokens the entropy mask keeps, as
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["report"]:
-        return report(argv[1:])
-    if argv[:1] == ["knobs"]:
-        return run_knobs(argv[1:])
+    commands = {"report": report, "knobs": run_knobs, "compare": compare}
+    if argv[:1] and argv[0] in commands:
+        return commands[argv[0]](argv[1:])
+    if "-h" in argv or "--help" in argv:  # the lab's commands, then the training arguments
+        print(__doc__.strip() + "\n\nEach command has its own --help (python lab.py compare "
+              "--help).\nThe training arguments, which python lab.py passes to train_tiny.py:\n")
     results = tt.main(argv)  # the RL runs: prints the progress and the accuracy before and after
     out_dir = os.path.join("runs", results["config"]["name"])
     args = tt.Args(**results["config"])
@@ -314,6 +320,12 @@ KNOBS = [  # (row label, saved run, method in it, train_tiny arguments of that r
 
 def run_knobs(argv: List[str]) -> dict:
     """Each knob's run, with the extra arguments given (--seeds 0,1,2 for the README's)."""
+    if "-h" in argv or "--help" in argv:
+        print("usage: python lab.py knobs [train_tiny arguments, e.g. --seeds 0,1,2]\n\nTrains "
+              "each run of the one-knob table into runs/NAME\n(python lab.py report runs/readme "
+              "runs/knob-* prints the table):\n" + "\n".join(
+                  f"  {name:<22} {knob}" for _, name, _, knob in KNOBS if knob))
+        return {}
     for _, name, _, knob in KNOBS:
         if knob is not None:
             tt.main(knob.split() + ["--name", name] + argv)
@@ -332,15 +344,14 @@ def report(argv: List[str]) -> dict:
     """python lab.py report PATH... [--save DIR] [--curves DIR]: every table again, from
     runs/NAME folders or their compact copies results/NAME.json; --save DIR writes those compact
     copies, --curves DIR draws each run's curves as DIR/NAME-curves.png."""
-    options, paths, words = {}, [], iter(argv)
-    for word in words:
-        if word in ("--save", "--curves"):
-            options[word] = next(words, None)
-        else:
-            paths.append(word)
-    save = options.get("--save")
-    if not paths or None in options.values():
-        raise SystemExit("usage: python lab.py report PATH... [--save DIR] [--curves DIR]")
+    parser = argparse.ArgumentParser(prog="lab.py report", description="Print every table "
+                                     "again from saved runs: runs/NAME folders or their compact "
+                                     "copies results/NAME.json.")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="runs/NAME or results/NAME.json")
+    parser.add_argument("--save", metavar="DIR", help="write each run's compact copy DIR/NAME.json")
+    parser.add_argument("--curves", metavar="DIR", help="draw each run's DIR/NAME-curves.png")
+    options = parser.parse_args(argv)
+    paths, save = options.paths, options.save
     runs, printed = {run["name"]: run for run in map(load_run, paths)}, []
 
     def show(text):  # a table once, however many runs share it (the same warm-up, say)
@@ -353,8 +364,8 @@ def report(argv: List[str]) -> dict:
             with open(os.path.join(save, f"{name}.json"), "w") as f:
                 json.dump(run, f, separators=(",", ":"))
         if not name.startswith("knob-"):
-            if "--curves" in options:
-                plot_curves(run, os.path.join(options["--curves"], f"{name}-curves.png"))
+            if options.curves:
+                plot_curves(run, os.path.join(options.curves, f"{name}-curves.png"))
             print(f"\n## {name}")
             if "pass@1" in run["start"]:
                 show(format_reach(run["start"], run["config"]["group_size"]))
@@ -725,6 +736,285 @@ def token_labels(tokenizer, ids: torch.Tensor) -> List[str]:
     texts = [tokenizer.decode([i]) for i in ids.tolist()]
     return ["eos" if text in ("", tokenizer.eos_token) else text for text in texts]
 
+
+# -----------------------------------------------------------------------------
+# 4. does one knob change what happens, seed by seed? Two saved runs compared in pairs
+#
+# Two runs with the same seed start from the same warm-up, see the same problems and the same
+# first rollout batch; they differ only in the knob. The difference within a seed is therefore
+# free of most of what a seed changes, and it is the difference a paired comparison reads.
+
+PAIRED_SERIES = (("truncated_frac", "truncated fraction", 4), ("length_wrong",
+                 "wrong-answer length", 2), ("length", "response length", 2),
+                 ("accuracy", "rollout accuracy", 3), ("entropy", "entropy", 4))  # per update
+PAIRED_EVALS = (("accuracy", "held-out greedy accuracy", 3),
+                ("sampled_accuracy", "held-out sampled accuracy", 3),
+                ("accuracy_misconception", "held-out greedy where the misconception applies", 3),
+                ("length", "held-out length", 2))  # at the last evaluation
+EARLY = 10  # "updates 1-10": while the warm-up's loops are still there to remove
+BOOKKEEPING = {"name", "seeds", "methods", "device", "impl", "quick", "log_every", "one_step_lr"}
+PAIRING = ({f.name for f in dataclasses.fields(tiny_task.Task)}  # the warm-up and the problems
+           | {"steps", "prompts_per_step", "group_size", "eval_size", "eval_every", "eval_samples"})
+PRIMARY = (("truncated fraction", "early"), ("wrong-answer length", "whole"))  # named in advance
+PRIMARY_HEADER = ("| OTHER - BASE | knob | measure | per seed, in seed order | mean [95 % "
+                  "t-interval] | seeds + / - / 0 | sign test p |")
+COMPARE_HEADER = ("| OTHER - BASE | per seed, in seed order | mean [95 % t-interval] | "
+                  "seeds + / - / 0 | sign test p |")
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile: the x with P(T <= x) = p for T with df degrees of freedom, by
+    bisection on the CDF, which is 1/2 + the density integrated from 0 to x (Simpson's rule)."""
+    if not (0.5 <= p < 1 and df >= 1):
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x, n=2000):
+        h = x / n
+        f = [math.exp(log_c - (df + 1) / 2 * math.log1p((i * h) ** 2 / df)) for i in range(n + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        high *= 2
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def sign_test_p(plus: int, minus: int) -> float:
+    """The exact two-sided sign test: under "no effect" each seed's difference is + or - with
+    probability 1/2 (ties dropped), so P = 2 P(Binomial(n, 1/2) <= the smaller count), at most 1."""
+    n, k = plus + minus, min(plus, minus)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+def paired_stats(diffs: List[float]) -> dict:
+    """Per-seed differences -> their mean, its 95 % t-interval, the sign counts and the sign
+    test's p. One seed gives no interval (nan)."""
+    n = len(diffs)
+    mean, sd = mean_std(diffs)
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else float("nan")
+    plus, minus = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    return dict(n=n, mean=mean, low=mean - half, high=mean + half, plus=plus, minus=minus,
+                zero=n - plus - minus, p=sign_test_p(plus, minus))
+
+
+def load_side(spec: str) -> tuple:
+    """PATH or PATH:METHOD (a run folder or results/NAME.json) -> (run, method)."""
+    path, _, method = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    if not os.path.exists(path if path.endswith(".json") else os.path.join(path, "results.json")):
+        raise ValueError(f"compare: no saved run at {path!r}; expected runs/NAME or "
+                         "results/NAME.json, optionally followed by :METHOD")
+    run = load_run(path)
+    methods = methods_of(run)
+    if not method and len(methods) == 1:
+        method = methods[0]
+    if method not in methods:
+        raise ValueError(f"compare: {path} holds the methods {', '.join(methods)}; name one, "
+                         f"as {path}:{methods[0]}, got {repr(method) if method else 'none'}")
+    return run, method
+
+
+def method_args(run: dict, method: str) -> dict:
+    """The arguments method trained with: the run's config and what its preset changed."""
+    return {**run["config"], **run.get("methods", {}).get(method, {})}
+
+
+def pair_up(base: tuple, other: tuple) -> tuple:
+    """The seeds both runs have and the knob that tells them apart, {arg: (base, other)}; a
+    ValueError for runs that cannot be paired: no seed in common, another task, schedule or
+    warm-up (then one seed no longer means the same start, problems and first batch), the same
+    arguments, or more than one argument changed within one preset."""
+    (b_run, b_method), (o_run, o_method) = base, other
+    b_args, o_args = method_args(*base), method_args(*other)
+    seeds = sorted({r["seed"] for r in b_run["runs"] if r["method"] == b_method}
+                   & {r["seed"] for r in o_run["runs"] if r["method"] == o_method})
+    if not seeds:
+        raise ValueError(f"compare: {b_run['name']} has seeds {b_args['seeds']} and "
+                         f"{o_run['name']} has {o_args['seeds']}: no seed in common to pair")
+    changed = {k: (b_args.get(k), o_args.get(k)) for k in sorted(set(b_args) | set(o_args))
+               if k not in BOOKKEEPING and b_args.get(k) != o_args.get(k)}
+    unpaired = {k: v for k, v in changed.items() if k in PAIRING}
+    if unpaired:
+        raise ValueError(f"compare: the runs differ in {describe_knob(unpaired)}, so one seed "
+                         "no longer gives the same starting policy, problems and first batch; "
+                         "pair runs that differ only in how they train")
+    starts = [tuple(run["start"][k] for k in ("accuracy", "sampled_accuracy", "length"))
+              for run in (b_run, o_run)]
+    if starts[0] != starts[1]:
+        raise ValueError(f"compare: the runs start from different policies (held-out greedy "
+                         f"accuracy, sampled accuracy, length {starts[0]} and {starts[1]}): "
+                         "another machine or thread count made another warm-up; pair runs made "
+                         "on one machine")
+    if not changed:
+        raise ValueError(f"compare: {b_run['name']}:{b_method} and {o_run['name']}:{o_method} "
+                         "trained with the same arguments; there is no knob to compare")
+    if len(changed) > 1 and b_method == o_method:
+        raise ValueError(f"compare: the runs differ in more than one knob, "
+                         f"{describe_knob(changed)}; change one at a time (or compare presets)")
+    return seeds, changed
+
+
+def describe_knob(changed: dict) -> str:
+    return ", ".join(f"{k} {b!r} -> {o!r}" for k, (b, o) in changed.items())
+
+
+def seed_measures(r: dict, start: dict) -> Dict[tuple, float]:
+    """One method and seed: each compared measure, keyed (measure, "early", "whole" or "end")."""
+    u, out = r["updates"], {}
+    for key, label, _ in PAIRED_SERIES:
+        out[label, "early"], out[label, "whole"] = mean_of(u[key][:EARLY]), mean_of(u[key])
+    final = summarise_run(r, start)
+    out.update({(label, "end"): final[key] for key, label, _ in PAIRED_EVALS})
+    return out
+
+
+def paired_rows(base: tuple, other: tuple, seeds: List[int]) -> list:
+    """One dict per measure, in table order: its label, digits, the per-seed differences
+    OTHER - BASE and their paired_stats."""
+    def measures(side):
+        run, method = side
+        by_seed = {r["seed"]: r for r in run["runs"] if r["method"] == method}
+        return [seed_measures(by_seed[s], run["start"]) for s in seeds]
+    b, o = measures(base), measures(other)
+    steps = len(base[0]["runs"][0]["updates"]["step"])
+    windows = dict(early=f"updates 1-{EARLY}", whole=f"updates 1-{steps}", end="at the end")
+    digits = {label: d for _, label, d in PAIRED_SERIES + PAIRED_EVALS}
+    rows = []
+    for measure, window in b[0]:
+        diffs = [y[measure, window] - x[measure, window] for x, y in zip(b, o)]
+        rows.append(dict(key=(measure, window), label=f"{measure}, {windows[window]}",
+                         digits=digits[measure], diffs=diffs, **paired_stats(diffs)))
+    return rows
+
+
+def paired(base: tuple, other: tuple) -> dict:
+    """Everything the table and the picture need: seeds, knob, rows, and in how many seeds update
+    1's rollouts look the same (accuracy, length, truncation), the check that the pairing holds
+    (dynamic sampling, say, changes them)."""
+    seeds, changed = pair_up(base, other)
+
+    def first(side, seed):
+        run, method = side
+        u = next(r for r in run["runs"] if r["method"] == method and r["seed"] == seed)["updates"]
+        return [u[k][0] for k in ("accuracy", "length", "truncated_frac")]
+    return dict(base=base, other=other, seeds=seeds, changed=changed,
+                same_first_batch=sum(first(base, s) == first(other, s) for s in seeds),
+                rows=paired_rows(base, other, seeds))
+
+
+def format_compare(p: dict) -> str:
+    """The paired table: one row per measure, OTHER - BASE per seed, mean, interval, signs, p."""
+    (b_run, b_method), (o_run, o_method) = p["base"], p["other"]
+    lines = [f"paired comparison, {o_run['name']}:{o_method} - {b_run['name']}:{b_method}, "
+             f"{describe_knob(p['changed'])}: seeds {', '.join(map(str, p['seeds']))} "
+             f"({len(p['seeds'])} in common; update 1's rollouts identical in "
+             f"{p['same_first_batch']} of them)", COMPARE_HEADER, "|---" * 5 + "|"]
+    lines += [f"| {row['label']} | {format_paired(row)} |" for row in p["rows"]]
+    return "\n".join(lines)
+
+
+def format_paired(row: dict) -> str:
+    """A row's last four cells: per seed | mean [interval] | signs | p."""
+    d = row["digits"]
+    return (f"{' '.join(f'{x:+.{d}f}' for x in row['diffs'])} | {row['mean']:+.{d}f} "
+            f"[{row['low']:+.{d}f}, {row['high']:+.{d}f}] | {row['plus']} / {row['minus']} / "
+            f"{row['zero']} | {row['p']:.3f}")
+
+
+def format_primary(pairs: List[dict]) -> str:
+    """The primary measures of several paired comparisons, one table."""
+    lines = ["paired comparisons, the primary measures (truncated fraction over updates 1-"
+             f"{EARLY}, wrong-answer length over the whole run), OTHER - BASE per seed:",
+             PRIMARY_HEADER, "|---" * 7 + "|"]
+    for p in pairs:
+        (b_run, b_method), (o_run, o_method) = p["base"], p["other"]
+        for row in p["rows"]:
+            if row["key"] in PRIMARY:
+                lines.append(f"| {o_run['name']} - {b_run['name']} | "
+                             f"{describe_knob(p['changed'])} | {row['label']} | "
+                             f"{format_paired(row)} |")
+    return "\n".join(lines)
+
+
+def plot_compare(p: dict, path: str) -> None:
+    """The picture: each seed's difference OTHER - BASE per update (5-update mean, thin) and the
+    mean over seeds (thick), one panel per rollout measure, and the held-out sampled accuracy."""
+    plt = pyplot()
+    base, other, seeds = p["base"], p["other"], p["seeds"]
+
+    def series(side, seed, key):
+        run, method = side
+        r = next(r for r in run["runs"] if r["method"] == method and r["seed"] == seed)
+        if key == "sampled_accuracy":  # held-out, from the shared start (difference 0)
+            steps = sorted(map(int, r["evals"]))
+            return [0] + steps, [run["start"][key]] + [r["evals"][str(s)][key] for s in steps]
+        return r["updates"]["step"], r["updates"][key]
+    panels = [(key, label, 5) for key, label, _ in PAIRED_SERIES]
+    panels.append(("sampled_accuracy", "held-out sampled accuracy", 1))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    for ax, (key, label, window) in zip(axes.flat, panels):
+        curves = []
+        for seed in seeds:
+            steps, b = series(base, seed, key)
+            _, o = series(other, seed, key)
+            diff = [None if x is None or y is None else y - x for x, y in zip(b, o)]
+            curves.append([mean_of(diff[max(0, i - window // 2):i + window // 2 + 1])
+                           for i in range(len(diff))])
+            ax.plot(steps, curves[-1], color="tab:blue", alpha=0.3, linewidth=0.8)
+        ax.plot(steps, [mean_of(c) for c in zip(*curves)], color="tab:blue", linewidth=2.5,
+                label=f"mean of {len(seeds)} seeds")
+        ax.axhline(0, color="black", linewidth=0.8)
+        smoothing = ", 5-update mean" if window > 1 else " at each evaluation"
+        ax.set_title(f"{label}{smoothing}", fontsize=10)
+        ax.set_xlabel("policy update")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{other[0]['name']}:{other[1]} minus {base[0]['name']}:{base[1]}, "
+                 "seed by seed (thin: one seed; thick: their mean; below 0: OTHER is lower)",
+                 fontsize=11)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def compare(argv: List[str]):
+    """python lab.py compare BASE OTHER [BASE OTHER ...] [--primary] [--plot PATH]"""
+    parser = argparse.ArgumentParser(
+        prog="lab.py compare", description="Compare two saved runs seed by seed: for each "
+        "measure, each seed's difference OTHER - BASE, their mean with a 95 % t-interval, the "
+        "sign counts and the exact two-sided sign test; and a picture of each seed's difference "
+        "per update. The runs must share seeds and differ only in how they train (one argument, "
+        "or the preset).")
+    parser.add_argument("runs", nargs="+", metavar="BASE OTHER", help="pairs of saved runs: "
+                        "runs/NAME or results/NAME.json, with :METHOD when a run holds several")
+    parser.add_argument("--primary", action="store_true", help="one table of every pair's "
+                        "primary measures instead of each pair's whole table")
+    parser.add_argument("--plot", metavar="PATH", help="where to draw the picture of a single "
+                        "pair (default: runs/compare/OTHER-minus-BASE.png)")
+    a = parser.parse_args(argv)
+    if len(a.runs) % 2 or (a.plot and len(a.runs) > 2):
+        raise ValueError(f"compare: expected BASE OTHER pairs (and --plot with one pair), got "
+                         f"{len(a.runs)} runs: {' '.join(a.runs)}")
+    sides = [load_side(spec) for spec in a.runs]
+    pairs = [paired(base, other) for base, other in zip(sides[::2], sides[1::2])]
+    if a.primary:
+        print(format_primary(pairs))
+        return pairs
+    for p in pairs:
+        print(format_compare(p))
+        (b_run, b_method), (o_run, o_method) = p["base"], p["other"]
+        path = a.plot or os.path.join("runs", "compare", f"{o_run['name']}-{o_method}-minus-"
+                                      f"{b_run['name']}-{b_method}.png")
+        plot_compare(p, path)
+        print(f"wrote {path}\n")
+    return pairs
+
+
+# -----------------------------------------------------------------------------
+# helpers
 
 def pyplot():
     import matplotlib

@@ -126,3 +126,28 @@ def test_result_tables_are_what_the_report_prints(capsys):
 
 
 REPORT_LINES = ("CSCR diagnosis on", "entropy against sensitivity", "credit.png, responses")
+
+
+def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
+    """Every `python lab.py compare ...` command quoted in README.md or docs/ is run on the
+    committed results; every paired table of those pages, and every line of theirs that starts
+    like a paired table's title, is what one of those commands prints."""
+    pages = ["README.md"] + [os.path.join("docs", page)
+                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    texts = [open(os.path.join(HERE, page)).read() for page in pages]
+    commands = {c.strip() for text in texts for c in re.findall(
+        r"python lab\.py compare ((?:results/\S+\.json(?::\w+)? )+(?:--primary)?)", text + " ")}
+    out = ""
+    for command in sorted(commands):
+        plot = [] if "--primary" in command else ["--plot", str(tmp_path / "pair.png")]
+        lab.main(["compare", *command.split(), *plot])
+        out += capsys.readouterr().out
+    printed, said = tables(out), set(out.splitlines())
+    headers = (lab.COMPARE_HEADER, lab.PRIMARY_HEADER)
+    paired = [table for text in texts for table in tables(text) if table[0] in headers]
+    missing = [table for table in paired if table not in printed]
+    assert paired, "no paired table in README.md or docs/"
+    assert not missing, "not what lab.py compare prints:\n" + "\n".join(missing[0])
+    titles = [line for text in texts for line in text.splitlines()
+              if line.startswith(("paired comparison, ", "paired comparisons, "))]
+    assert titles and not [line for line in titles if line not in said], titles
