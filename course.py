@@ -91,6 +91,18 @@ MISTAKES = (
                                      "torch.maximum(d_pos, d_neg)"),)),
     (8, "keeps the lowest entropies", (("torch.quantile(real, 1 - top_fraction)",
                                         "torch.quantile(real, top_fraction)"),)),
+    # issue 29's real mistakes that passed every test before
+    (2, "informative_groups as std > 0", (("return (values != values[:, :1]).any(dim=1)",
+                                           "return values.float().std(dim=1) > 0"),)),
+    (4, "k3 clamped at 10", (("return torch.expm1(log_ratio) - log_ratio",
+                              "return torch.clamp(torch.expm1(log_ratio) - log_ratio, max=10)"),)),
+    (6, "sequence_ratio in the input dtype", (
+        ("dtype = torch.promote_types(logp.dtype, torch.float32)", "dtype = logp.dtype"),)),
+    (8, "high_entropy_mask returning bool", (
+        ("return (mask & (entropy.float() >= threshold)).float()",
+         "return mask & (entropy.float() >= threshold)"),)),
+    (8, "no fallback past torch.quantile's 2^24 limit", (
+        ("if real.numel() <= 2 ** 24:", "if True:"),)),
 )
 CORRECT = (  # other correct solutions, each at full marks: (exercise, what, edits)
     (1, "a module-level constant", (
@@ -111,7 +123,7 @@ ENDLESS = (2, "an endless loop in fill_batch", (
 HANDOUT = ("tokencredit.py", TESTS, "train_tiny.py", "tiny_task.py", "lab.py", "course.py",
            "requirements.txt", "LICENSE", "docs/course.md", "docs/lab.md", "docs/credit.png",
            "results")  # not the other solutions, nor onestep.md (lab questions 1, 2): below
-LEFT_OUT = ("onestep.md", "test_translation.py", "trl_tokencredit.py", "test_trl_tokencredit.py",
+LEFT_OUT = ("onestep.md", "test_hidden.py", "test_translation.py", "trl_tokencredit.py", "test_trl_tokencredit.py",
             "bench.py",
             "test_course.py", "test_docs.py", "test_train_tiny.py", "docs/speed.md",
             "docs/translation.md", "docs/trl.md", "README.md")
@@ -662,11 +674,13 @@ def instructor_jobs(reference, student, mapping, exercises) -> tuple:
 
 
 def grade(student: str, mapping: dict, exercises, reference=None, runner=None,
-          in_order=False) -> list:
-    """One row per exercise. With a reference, exercise k runs as the reference with the
-    student's exercise k (each in its own job and time limit); without, the file runs whole."""
+          in_order=False, only=None) -> list:
+    """One row per exercise of the set (or of `only`). With a reference, exercise k runs as the
+    reference with the student's exercise k (each in its own job and time limit); without, the
+    file runs whole."""
     runner = runner or Runner()
     plan = scheme(mapping, exercises, in_order)
+    exercises = [k for k in exercises if k in only] if only else exercises
     if reference is None:
         wanted = sorted({t for k in exercises for ts in plan[k]["functions"].values() for t in ts}
                         | {t for k in exercises for t in plan[k]["waiting"]})
@@ -707,20 +721,18 @@ def format_rows(rows, verbose: bool, in_order=False, shown=12) -> str:
         k, failed, waiting = row["k"], row["failed"], row["waiting"]
         own = any(blocker(f) == k for f in failed.values())
         blocked = sorted({blocker(f) for f in failed.values()} - {None, k})
-        slow = sum("TimeoutError: this test ran past" in f for f in failed.values())
         notes = ["not written yet"] if own else []
         if blocked:
             notes.append(f"{sum(blocker(f) in blocked for f in failed.values())} blocked by "
                          f"exercise " + ", ".join(map(str, blocked)))
-        if row["timed_out"]:
-            notes.append("RAN OUT OF TIME: its tests were stopped (is a loop endless?)")
-        elif slow:
-            notes.append(f"{slow} tests ran out of time (is a loop endless?)")
+        if time_note(row):
+            notes.append(time_note(row))
         if row["error"]:
             notes.append(row["error"].splitlines()[0][:100])
         if waiting:
-            notes.append(f"{len(waiting)} more tests of its functions are written, waiting on "
-                         f"exercise " + ", ".join(map(str, sorted(set(waiting.values())))))
+            notes.append(f"{len(waiting)} more test{'s' * (len(waiting) > 1)} of its functions "
+                         f"wait{'s' * (len(waiting) == 1)} on exercise "
+                         + ", ".join(map(str, sorted(set(waiting.values())))))
         lines.append(f"exercise {k}  {EXERCISES[k][0]:<20} {row['passed']:3d}/{row['total']:<3d}"
                      f" tests {row['points']:5.1f}/{row['max']} points"
                      + ("  " + "; ".join(notes) if notes else ""))
@@ -734,7 +746,7 @@ def format_rows(rows, verbose: bool, in_order=False, shown=12) -> str:
             if len(failed) > shown:
                 lines.append(f"    ... and {len(failed) - shown} more failed tests")
             for name, j in list(waiting.items())[:shown]:
-                lines.append(f"    {name}: written; waiting on exercise {j}")
+                lines.append(f"    {name}: {'' if own else 'written; '}waiting on exercise {j}")
             if len(waiting) > shown:
                 lines.append(f"    ... and {len(waiting) - shown} more waiting")
     total, top = sum(r["points"] for r in rows), sum(r["max"] for r in rows)
@@ -745,14 +757,22 @@ def format_rows(rows, verbose: bool, in_order=False, shown=12) -> str:
     return "\n".join(lines)
 
 
+def time_note(row) -> str:
+    """What ran out of time in an exercise, if anything did."""
+    slow = sum("TimeoutError: this test ran past" in f for f in row["failed"].values())
+    if row["timed_out"]:
+        return "RAN OUT OF TIME: its tests were stopped (is a loop endless?)"
+    return f"{slow} tests ran out of time (is a loop endless?)" if slow else ""
+
+
 def gradescope(rows) -> dict:
     """Gradescope's results.json: one entry per exercise."""
     tests = []
     for row in rows:
         output = f"{row['passed']}/{row['total']} tests passed"
         output += "".join(f"\n{n}: {p}/{t} tests" for n, (p, t) in row["per_function"].items())
-        if row["timed_out"]:
-            output += "\nRAN OUT OF TIME: the tests were stopped (is a loop endless?)"
+        if time_note(row):
+            output += "\n" + time_note(row)
         if row["error"]:
             output += "\n" + row["error"]
         output += "".join(f"\nFAILED {name}: " + " | ".join(details(f)[:3])
@@ -870,13 +890,11 @@ def cmd_grade(path, set_name, only, gradescope_file, verbose, limit) -> None:
     if reference is not None and os.path.samefile(student_path,
                                                   os.path.join(HERE, "tokencredit.py")):
         reference = None  # the reference graded as itself
-    if only:
-        if not set(only) <= set(exercises):
-            raise SystemExit(f"course.py: exercises {only} asked for, this set has {exercises}")
-        exercises = [k for k in exercises if k in only]
+    if only and not set(only) <= set(exercises):
+        raise SystemExit(f"course.py: exercises {only} asked for, this set has {exercises}")
     runner = Runner(exercise_limit=limit or EXERCISE_LIMIT)
     started = time.monotonic()
-    rows = grade(read(student_path), mapping, exercises, reference, runner, in_order)
+    rows = grade(read(student_path), mapping, exercises, reference, runner, in_order, only)
     print(f"grading {os.path.abspath(student_path)}, set {set_name}"
           + (": each exercise against the reference" if reference else ""))
     print(format_rows(rows, verbose or bool(only), in_order))
@@ -920,9 +938,9 @@ def cmd_grade_all(folder, set_name, csv_file, gradescope_dir, limit) -> None:
                 rows = [dict(k=k, points=0.0, max=EXERCISES[k][2], passed=0, total=0, failed={},
                              waiting={}, per_function={}, timed_out=False, error=str(source))
                         for k in exercises]
-            notes = "; ".join(f"exercise {r['k']}: " + ("ran out of time" if r["timed_out"]
-                                                         else r["error"].splitlines()[0])
-                              for r in rows if r["timed_out"] or r["error"])
+            notes = "; ".join(f"exercise {r['k']}: {note}" for r in rows
+                              for note in [time_note(r) or (r["error"] or "").split("\n")[0]]
+                              if note)
             out.writerow([name, set_name] + [f"{r['points']:.2f}" for r in rows]
                          + [f"{sum(r['points'] for r in rows):.2f}",
                             sum(r["max"] for r in rows), notes])
@@ -1107,8 +1125,8 @@ def cmd_selfcheck() -> None:
                       for k, p in full.items()))
     for k, plan in full.items():
         tests = {t for ts in plan["functions"].values() for t in ts}
-        if len(tests) < 2:
-            problems.append(f"exercise {k} is graded by {len(tests)} tests, not >= 2")
+        if len(tests) < 3:  # no exercise all or nothing on 2 tests
+            problems.append(f"exercise {k} is graded by {len(tests)} tests, not >= 3")
         problems += [f"{name} (exercise {k}) has no test of its own"
                      for name, ts in plan["functions"].items() if not ts]
 
