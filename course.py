@@ -338,7 +338,7 @@ class Collector:
     def pytest_runtest_protocol(self, item):
         self.current = item.nodeid.split("::", 1)[1]
 
-    def pytest_runtest_call(self, item):
+    def pytest_runtest_setup(self, item):  # before the call, whatever the hooks' order
         def out_of_time(signum, frame):
             raise TimeoutError(f"this test ran past {self.limit:g} s: is a loop endless?")
         signal.signal(signal.SIGALRM, out_of_time)
