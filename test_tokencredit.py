@@ -81,10 +81,124 @@ def ref_loss(logp, old_logp, adv, mask, mode, eps_low=0.2, eps_high=0.2, group_s
         return sum(s for s, _ in per_response) / sum(n for _, n in per_response)
     if mode == "group_token":  # DAPO's equation: a token mean per group, then the mean over groups
         groups = [per_response[b:b + group_size] for b in range(0, N, group_size)]
-        return sum(sum(s for s, _ in g) / sum(n for _, n in g) for g in groups) / len(groups)
+        return sum(sum(s for s, _ in g) / sum(n for _, n in g) for g in groups  # an empty group: 0
+                   if sum(n for _, n in g)) / len(groups)
     if mode == "constant":  # Dr. GRPO: 1/G sum_i 1/max_len sum_t
         return sum(s / max_len for s, _ in per_response) / N
     raise AssertionError(mode)
+
+
+def ref_overlong_penalty(lengths, max_len, cache_len):
+    soft_start = max_len - cache_len
+    return torch.tensor([0.0 if L <= soft_start else (soft_start - L) / cache_len if L <= max_len
+                         else -1.0 for L in lengths.tolist()])
+
+
+def ref_informative_groups(values):
+    return torch.tensor([any(v != row[0] for v in row) for row in values.tolist()],
+                        dtype=torch.bool)
+
+
+def ref_fill_batch(rounds, batch_size, max_rounds):
+    """DAPO's dynamic sampling on rounds of group values (a list of (b, G) lists): group k of the
+    whole sequence is kept if its values are not all equal, in order, until batch_size.
+    Returns: (the kept groups' indices k, as a tensor; the stats dict)."""
+    kept, seen, informative, k, calls = [], 0, 0, 0, 0
+    for groups in rounds[:max_rounds]:
+        if len(kept) == batch_size:
+            break
+        calls += 1
+        for row in groups:
+            seen += 1
+            if any(v != row[0] for v in row):
+                informative += 1
+                if len(kept) < batch_size:
+                    kept.append(k)
+            k += 1
+    stats = dict(rounds=calls, groups_seen=seen, groups_informative=informative,
+                 groups_kept=len(kept), full=int(len(kept) == batch_size))
+    return torch.tensor(kept, dtype=torch.long), stats
+
+
+def ref_policy_gradient_surrogate(logp, adv):
+    N, T = logp.shape
+    return torch.tensor([[-float(adv[i, t] if adv.dim() == 2 else adv[i]) * float(logp[i, t])
+                          for t in range(T)] for i in range(N)], dtype=torch.float64)
+
+
+def ref_importance_ratio(logp, old_logp, mask):
+    N, T = mask.shape
+    return torch.tensor([[math.exp(float(logp[i, t]) - float(old_logp[i, t])) if mask[i, t] else 1.0
+                          for t in range(T)] for i in range(N)], dtype=torch.float64)
+
+
+def ref_sequence_ratio(logp, old_logp, mask):
+    """GSPO's s_i = exp(mean over the real tokens of the log-ratio) on real tokens, 1 on padding."""
+    N, T = mask.shape
+    out = torch.ones(N, T, dtype=torch.float64)
+    for i in range(N):
+        real = [t for t in range(T) if mask[i, t]]
+        for t in real:
+            log_ratios = [float(logp[i, u]) - float(old_logp[i, u]) for u in real]
+            out[i, t] = math.exp(sum(log_ratios) / len(real))
+    return out
+
+
+def ref_clipped_surrogate(ratio, adv, eps_low, eps_high):
+    N, T = ratio.shape
+    out = torch.zeros(N, T, dtype=torch.float64)
+    for i in range(N):
+        for t in range(T):
+            rho, a = float(ratio[i, t]), float(adv[i, t] if adv.dim() == 2 else adv[i])
+            out[i, t] = -min(rho * a, min(max(rho, 1 - eps_low), 1 + eps_high) * a)
+    return out
+
+
+def ref_kl_k3(logp, ref_logp):
+    N, T = logp.shape
+    out = torch.zeros(N, T, dtype=torch.float64)
+    for i in range(N):
+        for t in range(T):
+            log_r = float(ref_logp[i, t]) - float(logp[i, t])
+            out[i, t] = math.expm1(log_r) - log_r  # r - 1 - log r
+    return out
+
+
+def ref_loss_denominators(mask, mode, group_size=None, max_len=None):
+    N = len(mask)
+    lengths = [sum(int(m) for m in row) for row in mask.tolist()]
+    if mode == "sample":
+        return torch.tensor([N * max(n, 1) for n in lengths], dtype=torch.float64)
+    if mode == "token":
+        return torch.tensor([max(sum(lengths), 1)] * N, dtype=torch.float64)
+    if mode == "group_token":
+        B = N // group_size
+        return torch.tensor([B * max(sum(lengths[i // group_size * group_size:][:group_size]), 1)
+                             for i in range(N)], dtype=torch.float64)
+    return torch.tensor([N * max_len] * N, dtype=torch.float64)
+
+
+def ref_aggregate(x, mask, mode, group_size=None, max_len=None):
+    d = ref_loss_denominators(mask, mode, group_size, max_len).tolist()
+    N, T = mask.shape
+    return sum(float(x[i, t]) / d[i] for i in range(N) for t in range(T) if mask[i, t])
+
+
+def ref_counterfactual_shifts(logp, logp_pos, logp_neg, mask):
+    N, T = mask.shape
+    d_pos, d_neg = torch.zeros(N, T, dtype=torch.float64), torch.zeros(N, T, dtype=torch.float64)
+    for i in range(N):
+        for t in range(T):
+            if mask[i, t]:
+                d_pos[i, t] = float(logp_pos[i, t]) - float(logp[i, t])
+                d_neg[i, t] = float(logp_neg[i, t]) - float(logp[i, t])
+    return d_pos, d_neg
+
+
+def ref_counterfactual_sensitivity(d_pos, d_neg):
+    N, T = d_pos.shape
+    return torch.tensor([[max(abs(float(d_pos[i, t])), abs(float(d_neg[i, t]))) for t in range(T)]
+                         for i in range(N)], dtype=torch.float64)
 
 
 def ref_cscr_weights(s, mask, strength, threshold):
@@ -106,6 +220,22 @@ def ref_quantile(values, q):
     return s[low] + (s[high] - s[low]) * (pos - low)
 
 
+def ref_high_entropy_mask(entropy, mask, top_fraction):
+    N, T = mask.shape
+    real = [float(entropy[i, t]) for i in range(N) for t in range(T) if mask[i, t]]
+    if not real:
+        return torch.zeros(N, T)
+    threshold = ref_quantile(real, 1 - top_fraction)
+    return torch.tensor([[1.0 if mask[i, t] and float(entropy[i, t]) >= threshold else 0.0
+                          for t in range(T)] for i in range(N)])
+
+
+def ref_token_advantages(adv, weights):
+    N, T = weights.shape
+    return torch.tensor([[float(adv[i]) * float(weights[i, t]) for t in range(T)]
+                         for i in range(N)], dtype=torch.float64)
+
+
 # -----------------------------------------------------------------------------
 # 1. rewards and group advantages
 
@@ -114,8 +244,7 @@ def test_overlong_penalty_hand_worked():
     # max_len 16, cache 4: the soft zone is (12, 16]
     got = tc.overlong_penalty(lengths, max_len=16, cache_len=4)
     assert torch.allclose(got, torch.tensor([0.0, 0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]))
-    ref = [0.0 if L <= 12 else ((12 - L) / 4 if L <= 16 else -1.0) for L in lengths.tolist()]
-    assert torch.allclose(got, torch.tensor(ref))
+    assert torch.allclose(got, ref_overlong_penalty(lengths, 16, 4))
     many = tc.overlong_penalty(torch.arange(0, 40), max_len=30, cache_len=7)
     assert many.min() >= -1 and many.max() <= 0 and (many[1:] <= many[:-1]).all()  # never rewards length
 
@@ -196,6 +325,19 @@ def test_informative_groups():
     assert tc.informative_groups(correct).tolist() == loop
 
 
+def test_informative_groups_equal_floats_are_not_informative_and_keep_is_bool():
+    """A group of equal floats is uninformative even where its float std is not 0 (8 x 0.1 alone
+    has std 8e-9 in float32): its advantages are exactly 0. keep is (B,) bool, also for B = 0."""
+    equal = torch.tensor([[0.1] * 8, [0.7] * 8, [1 / 3] * 8, [0.1] * 7 + [0.2]])
+    assert equal[:1].std(dim=1).item() > 0  # the data tells `std > 0` from `not all equal`
+    keep = tc.informative_groups(equal)
+    assert keep.dtype == torch.bool and keep.tolist() == [False, False, False, True]
+    assert torch.equal(keep, ref_informative_groups(equal))
+    assert [tc.informative_groups(row[None]).item() for row in equal] == [False] * 3 + [True]
+    none = tc.informative_groups(Z(0, 4))
+    assert none.dtype == torch.bool and none.shape == (0,)
+
+
 def fake_sampler(informative, per_round=4):
     """sample_groups() for fill_batch: per_round groups of 3 a call, group k informative if
     informative(k); counts its calls."""
@@ -215,6 +357,29 @@ def test_fill_batch_fills_exactly_and_drops_surplus():
     assert batch["correct"].shape == (5, 3) and batch["tokens"].shape == (5, 3, 5)
     assert stats == dict(rounds=3, groups_seen=12, groups_informative=6, groups_kept=5, full=1)
     assert sampler.calls == 3
+
+
+def test_fill_batch_drops_a_group_of_equal_floats_and_reports_ints():
+    """Filtered on shaped rewards of equal floats, a group whose advantages are all 0 is dropped;
+    the stats are Python ints, the batch keeps the sampler's dtypes. One group a round."""
+    rewards = [[0.1] * 8, [0.0] * 7 + [1.0], [0.7] * 8, [1.0] + [0.0] * 7]
+    sample = rounds(*({"rewards": torch.tensor([r]), "group_id": torch.tensor([k])}
+                      for k, r in enumerate(rewards)))
+    batch, stats = tc.fill_batch(sample, 2, 4, filter_key="rewards")
+    assert batch["group_id"].tolist() == [1, 3] and batch["group_id"].dtype == torch.long
+    assert stats == dict(rounds=4, groups_seen=4, groups_informative=2, groups_kept=2, full=1)
+    assert all(type(v) is int for v in stats.values())
+
+
+def test_fill_batch_matches_the_loop_reference():
+    g = torch.Generator().manual_seed(31)
+    sizes = torch.randint(1, 5, (6,), generator=g).tolist()  # groups a round
+    rounds_ = [torch.randint(0, 2, (b, 3), generator=g).float() for b in sizes]
+    for batch_size, max_rounds in [(1, 6), (4, 6), (7, 3), (30, 6)]:
+        results = iter(rounds_)
+        batch, stats = tc.fill_batch(lambda: {"v": next(results)}, batch_size, max_rounds, "v")
+        kept, expected = ref_fill_batch([r.tolist() for r in rounds_], batch_size, max_rounds)
+        assert torch.equal(batch["v"], torch.cat(rounds_)[kept]) and stats == expected
 
 
 def test_fill_batch_survives_an_uninformative_sampler():
@@ -267,6 +432,36 @@ def test_policy_gradient_surrogate_hand_worked_and_loop():
     assert torch.allclose(tc.policy_gradient_surrogate(logp, adv), torch.tensor(loop))
 
 
+def test_policy_gradient_surrogate_gradient_is_minus_the_advantage():
+    g = torch.Generator().manual_seed(32)
+    for adv in (torch.randn(3, generator=g, dtype=torch.float64),
+                torch.randn(3, 4, generator=g, dtype=torch.float64)):
+        logp = (-torch.rand(3, 4, generator=g, dtype=torch.float64)).requires_grad_()
+        loss = tc.policy_gradient_surrogate(logp, adv)
+        assert torch.allclose(loss, ref_policy_gradient_surrogate(logp.detach(), adv), atol=1e-12)
+        loss.sum().backward()
+        assert torch.equal(logp.grad, -(adv if adv.dim() == 2 else adv[:, None].expand(3, 4)))
+
+
+def test_importance_ratio_ignores_padding_garbage_in_value_and_gradient():
+    """NaN or inf in padding (of logp or old_logp) gives ratio 1 there and a finite gradient 0;
+    the real tokens' ratios and gradients are those of clean inputs."""
+    g = torch.Generator().manual_seed(33)
+    mask = random_mask(4, 5, g)
+    old = -torch.rand(4, 5, generator=g, dtype=torch.float64)
+    clean = old + 0.3 * torch.randn(4, 5, generator=g, dtype=torch.float64)
+    expected = ref_importance_ratio(clean, old, mask)
+    for fill in (NAN, INF, -INF):
+        for dirty_old in (False, True):
+            logp, old_ = clean.clone(), old.clone()
+            (old_ if dirty_old else logp)[~mask] = fill
+            logp.requires_grad_()
+            ratio = tc.importance_ratio(logp, old_, mask, "token")
+            assert torch.allclose(ratio, expected, atol=1e-12) and (ratio[~mask] == 1).all()
+            ratio.sum().backward()
+            assert torch.allclose(logp.grad, torch.where(mask, expected, 0.0), atol=1e-12)
+
+
 def test_importance_ratio_per_token_and_per_sequence():
     # response 0: log-ratios 0.1, 0.3 (and padding); response 1: -0.2, 0.0, 0.2
     old = torch.zeros(2, 3, dtype=torch.float64)
@@ -305,6 +500,24 @@ def test_clipped_surrogate_hand_worked():
     assert torch.allclose(tc.clipped_surrogate(rho, torch.tensor([-1.0])), torch.tensor([[0.8, 0.8, 1.0, 3.0]]))
 
 
+def test_clipped_surrogate_gradient_is_reinforces_inside_and_0_where_clipped():
+    """d loss / d rho = -A inside [1 - eps_low, 1 + eps_high] (rho = 1 and 1.1 included, where the
+    clipped and unclipped terms are equal), 0 outside in the direction A pushes, -A the other
+    way."""
+    rho = torch.tensor([[1.0, 1.1, 0.9, 1.5, 1.5, 0.5, 0.5]], dtype=torch.float64)
+    rho.requires_grad_()
+    adv = torch.tensor([[2.0, 2.0, -3.0, 2.0, -3.0, -3.0, 2.0]], dtype=torch.float64)
+    loss = tc.clipped_surrogate(rho, adv)
+    assert torch.allclose(loss, ref_clipped_surrogate(rho.detach(), adv, 0.2, 0.2), atol=1e-12)
+    loss.sum().backward()
+    assert rho.grad.tolist() == [[-2.0, -2.0, 3.0, 0.0, 3.0, 0.0, -2.0]]
+    g = torch.Generator().manual_seed(34)
+    ratio = torch.exp(0.4 * torch.randn(5, 6, generator=g, dtype=torch.float64))
+    adv = torch.randn(5, generator=g)
+    assert torch.allclose(tc.clipped_surrogate(ratio, adv, 0.2, 0.28),
+                          ref_clipped_surrogate(ratio, adv, 0.2, 0.28))
+
+
 def test_kl_k3_value_and_the_direction_of_its_gradient():
     logp = torch.tensor([[math.log(0.5), math.log(0.25)]])
     ref = torch.tensor([[math.log(0.5), math.log(0.5)]])
@@ -326,6 +539,24 @@ def test_kl_k3_value_and_the_direction_of_its_gradient():
     grad_pi_ref, = torch.autograd.grad(kl_pi_ref, logits)
     assert torch.allclose(expected_grad, grad_ref_pi, atol=1e-12)  # the gradient is KL(ref || pi)'s
     assert not torch.allclose(expected_grad, grad_pi_ref, atol=1e-3)
+
+
+def test_kl_k3_is_not_clamped_and_is_exact_near_r_1():
+    """No clamp (verl's low_var_kl clamps k3 at 10 and log r at +-20): at log r = 3 k3 = e^3 - 4
+    = 16.09 and its gradient w.r.t. logp is 1 - r = -19.09, not 0; at log r = -25 it is 24. In
+    float32 near r = 1, r - 1 - log r is ~(log r)^2 / 2, positive: expm1, not exp(.) - 1."""
+    logp = torch.tensor([[0.0, 0.0, 0.0]], requires_grad=True)
+    ref = torch.tensor([[3.0, -25.0, 0.0]])
+    kl = tc.kl_k3(logp, ref)
+    assert torch.allclose(kl, ref_kl_k3(logp.detach(), ref).float())
+    assert kl[0, 0].item() == pytest.approx(math.exp(3) - 4)  # 16.09
+    assert kl[0, 1].item() == pytest.approx(24.0)
+    kl.sum().backward()
+    assert logp.grad[0, 0].item() == pytest.approx(1 - math.exp(3))  # -19.09
+    assert logp.grad[0, 1].item() == pytest.approx(1.0)
+    log_r = torch.tensor([[1e-4, -1e-4, 3e-4, -2e-3]])
+    near = tc.kl_k3(Z(1, 4), log_r)  # float32
+    assert (near > 0).all() and torch.allclose(near, log_r ** 2 / 2, rtol=2e-3, atol=0)
 
 
 # -----------------------------------------------------------------------------
@@ -359,6 +590,42 @@ def test_token_weights_invariants():
     # lengths are counted in at least float32: bf16 would count 257 tokens as 256
     d = tc.loss_denominators(torch.ones(1, 257), "sample", dtype=torch.bfloat16)
     assert d.dtype == torch.float32 and d.item() == 257
+
+
+def test_loss_denominators_in_the_dtype_asked_and_clamped_when_empty():
+    """d comes in the dtype asked for (float64: max_len 0.1 times N exact to float64), and a count
+    of 0 is clamped to 1 in every mode: an empty response, group or batch gets weight 0, not NaN."""
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 0, 0], [1, 0, 0]])  # lengths 2, 0 | 0, 1
+    d = tc.loss_denominators(mask, "constant", max_len=0.1, dtype=torch.float64)
+    assert d.dtype == torch.float64 and d.tolist() == [4 * 0.1] * 4
+    for mode in tc.AGGREGATION_MODES:
+        got = tc.loss_denominators(mask, mode, group_size=2, max_len=0.1, dtype=torch.float64)
+        assert got.dtype == torch.float64
+        assert torch.equal(got, ref_loss_denominators(mask, mode, 2, 0.1))
+        assert tc.loss_denominators(mask, mode, group_size=2, max_len=3).dtype == torch.float32
+    empty_group = torch.tensor([[1, 1], [1, 0], [0, 0], [0, 0]])  # group 1 has no token
+    d = tc.loss_denominators(empty_group, "group_token", group_size=2)
+    assert d.tolist() == [6.0, 6.0, 2.0, 2.0]  # B * 3 tokens | B * 1, not B * 0
+    for mode in ("sample", "token", "group_token"):
+        w = tc.token_weights(Z(4, 3), mode, group_size=2)  # no token in the batch
+        assert torch.equal(w, Z(4, 3)), mode
+
+
+def test_aggregate_alone_ignores_padding_garbage_and_returns_a_0d_tensor():
+    g = torch.Generator().manual_seed(35)
+    mask = random_mask(6, 5, g)
+    clean = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    for mode in tc.AGGREGATION_MODES:
+        expected = ref_aggregate(clean, mask, mode, 3, 7.0)
+        for fill in (NAN, INF, -INF, 1e300):
+            x = clean.clone()
+            x[~mask] = fill
+            x.requires_grad_()
+            got = tc.aggregate(x, mask, mode, group_size=3, max_len=7.0)
+            assert got.shape == () and got.dtype == torch.float64
+            assert got.item() == pytest.approx(expected, rel=1e-12)
+            got.backward()
+            assert torch.isfinite(x.grad).all() and (x.grad[~mask] == 0).all()
 
 
 @pytest.mark.parametrize("mode", tc.AGGREGATION_MODES)
@@ -441,6 +708,53 @@ def test_gspo_token_equals_gspo_when_a_response_has_one_advantage():
         tc.policy_loss(logp_true, old, adv[:, None].expand(N, T), mask, ratio_level="sequence")
 
 
+def test_sequence_ratio_of_a_bf16_answer_is_float32():
+    """A 1000-token bf16 answer whose log-probs rose one bf16 step (2^-7 at 1.5) on 474 tokens: the
+    ratio s = exp(474 / 1000 * 2^-7) = 1.0037 comes in float32, outside GSPO's 1 + 4e-4; in bf16 it
+    would round to 1.0 and the clip would never fire. float64 stays float64."""
+    old = torch.full((1, 1000), -1.5, dtype=torch.bfloat16)
+    logp = old.clone()
+    logp[0, :474] = -1.5 + 2 ** -7
+    mask = torch.ones(1, 1000, dtype=torch.bool)
+    s = tc.sequence_ratio(logp, old, mask)
+    assert s.dtype == torch.float32
+    assert s[0, 0].item() == pytest.approx(math.exp(474 / 1000 * 2 ** -7), rel=1e-6)  # 1.0037
+    assert (s > 1 + 4e-4).all() and torch.tensor(s[0, 0].item()).bfloat16().item() == 1.0
+    for per_token in (False, True):
+        s64 = tc.sequence_ratio(logp.double(), old.double(), mask, per_token)
+        assert s64.dtype == torch.float64
+
+
+def test_sequence_ratio_alone_padding_garbage_empty_response_and_constant_old_logp():
+    """Padding garbage (NaN, inf) reaches neither the ratio (exactly 1 there) nor the gradient; an
+    empty response gets ratio 1 and gradient 0, not NaN; old_logp is a constant: given logp itself,
+    d s_i / d logp_{i,t} is still s_i / |o_i| (per_token: s_i), not 0."""
+    g = torch.Generator().manual_seed(37)
+    mask = random_mask(5, 6, g)
+    mask[3] = False  # an empty response
+    old = -torch.rand(5, 6, generator=g, dtype=torch.float64)
+    clean = old + 0.1 * torch.randn(5, 6, generator=g, dtype=torch.float64)
+    expected = ref_sequence_ratio(clean, old, mask)
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1).double()
+    for per_token in (False, True):
+        for fill in (NAN, INF, -INF):
+            logp, old_ = clean.clone(), old.clone()
+            logp[~mask], old_[~mask] = fill, -fill
+            logp.requires_grad_()
+            s = tc.sequence_ratio(logp, old_, mask, per_token)
+            assert torch.allclose(s, expected, atol=1e-12) and (s[~mask] == 1).all()
+            s.sum().backward()
+            assert torch.isfinite(logp.grad).all() and (logp.grad[~mask] == 0).all()
+            slope = expected * (1 if per_token else mask.sum(dim=1, keepdim=True) / lengths)
+            assert torch.allclose(logp.grad, torch.where(mask, slope, 0.0), atol=1e-12)
+        logp = clean.clone().requires_grad_()  # old_logp is logp, graph and all
+        s = tc.sequence_ratio(logp, logp, mask, per_token)
+        assert torch.equal(s, torch.ones_like(s))
+        s[:, :1].sum().backward()  # the first token's ratio
+        expected_grad = mask / lengths if not per_token else mask & (torch.arange(6) == 0)
+        assert torch.allclose(logp.grad, expected_grad.double(), atol=1e-12)
+
+
 def test_padding_garbage_reaches_no_loss_and_no_gradient():
     g = torch.Generator().manual_seed(9)
     N, T, V = 6, 8, 4
@@ -498,6 +812,24 @@ def test_clip_fractions_counted_at_both_bounds():
     assert higher["clip_frac_high"] == 0.0  # Clip-Higher lets token 0 through
     _, reinforce = tc.policy_loss(torch.log(rho), None, adv, mask, surrogate="reinforce")
     assert reinforce == dict(num_tokens=7)
+
+
+def test_policy_loss_stats_kl_mean_only_when_beta_is_positive_and_python_numbers():
+    g = torch.Generator().manual_seed(36)
+    mask = random_mask(4, 5, g)
+    old = -torch.rand(4, 5, generator=g)
+    logp, ref_logp, adv = old + 0.1, old - 0.2, torch.randn(4, generator=g)
+    clip = {"num_tokens", "clip_frac_low", "clip_frac_high", "ratio_mean"}
+    for beta, surrogate, keys in ((0.0, "clip", clip), (0.1, "clip", clip | {"kl_mean"}),
+                                  (0.0, "reinforce", {"num_tokens"}),
+                                  (0.1, "reinforce", {"num_tokens", "kl_mean"})):
+        _, stats = tc.policy_loss(logp, old, adv, mask, ref_logp=ref_logp, beta=beta,
+                                  surrogate=surrogate)  # ref_logp given even when beta = 0
+        assert set(stats) == keys, (beta, surrogate)
+        assert type(stats["num_tokens"]) is int and stats["num_tokens"] == int(mask.sum())
+        assert all(type(v) is float for k, v in stats.items() if k != "num_tokens")
+    kl = [float(r - math.log(r) - 1) for r in torch.exp(ref_logp - logp)[mask].tolist()]
+    assert stats["kl_mean"] == pytest.approx(sum(kl) / len(kl), rel=1e-5)
 
 
 def test_policy_loss_reads_values_once_and_names_a_bad_one():
@@ -610,7 +942,45 @@ def test_cscr_strength_zero_is_grpo():
     losses = [tc.policy_loss(old + 0.1, old, a, mask, "group_token", group_size=4)[0]
               for a in (adv, per_token)]
     assert torch.equal(losses[0], losses[1])  # GRPO's loss, bit for bit
-    assert tc.cscr_weights(Z(3, 0), O(3, 0), 1.0).shape == (3, 0)  # no token column: no weight
+
+
+def test_cscr_weights_T_0_no_token_column_gives_an_empty_N_by_0():
+    """T = 0 (a batch with no token column): an empty (N, 0) float32 result, not an error."""
+    for strength in (0.0, 1.0):
+        w = tc.cscr_weights(Z(3, 0), O(3, 0), strength)
+        assert w.shape == (3, 0) and w.dtype == torch.float32
+
+
+def test_cscr_weights_are_float32_and_ignore_padding_garbage():
+    g = torch.Generator().manual_seed(38)
+    mask = random_mask(5, 7, g)
+    s = torch.rand(5, 7, generator=g) * 2
+    expected = ref_cscr_weights(s, mask, 1.5, 0.2)
+    for dtype in (torch.float64, torch.bfloat16):
+        w = tc.cscr_weights(s.to(dtype), mask, 1.5, 0.2)
+        assert w.dtype == torch.float32
+        assert torch.allclose(w, ref_cscr_weights(s.to(dtype), mask, 1.5, 0.2), atol=1e-5)
+    for fill in (NAN, INF, -1.0):  # padding is not checked: anything may sit there
+        dirty = s.clone()
+        dirty[~mask] = fill
+        w = tc.cscr_weights(dirty, mask, 1.5, 0.2)
+        assert torch.allclose(w, expected, atol=1e-5) and (w[~mask] == 0).all()
+
+
+def test_counterfactual_shifts_are_0_on_padding_whatever_sits_there():
+    g = torch.Generator().manual_seed(39)
+    mask = random_mask(4, 6, g)
+    logp, pos, neg = (-torch.rand(4, 6, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = ref_counterfactual_shifts(logp, pos, neg, mask)
+    for fill in (NAN, INF, -INF):
+        dirty = [x.clone() for x in (logp, pos, neg)]
+        for x in dirty:
+            x[~mask] = fill
+        d_pos, d_neg = tc.counterfactual_shifts(*dirty, mask)
+        assert torch.equal(d_pos, expected[0]) and torch.equal(d_neg, expected[1])
+    d_pos, d_neg = expected
+    assert torch.equal(tc.counterfactual_sensitivity(d_pos, d_neg),
+                       ref_counterfactual_sensitivity(d_pos, d_neg))
 
 
 def test_token_entropy_hand_worked_and_loop():
@@ -651,6 +1021,31 @@ def test_high_entropy_mask_matches_the_loop_reference():
         keep = tc.high_entropy_mask(entropy, mask, q)
         assert keep.tolist() == loop
         assert keep.sum().item() == pytest.approx(q * len(real), abs=1.0)  # the top q fraction, to one token
+
+
+def test_high_entropy_mask_is_float_and_compares_in_float32():
+    """keep is float (a weight for token_advantages), also with no real token; a bf16 entropy is
+    compared with the float32 threshold: of bf16 neighbours 1.0 and 1.0078 the top half is one
+    (the threshold 1.0039 rounded to bf16 would be 1.0 and keep both)."""
+    entropy = torch.tensor([[1.0, 1.0078125]], dtype=torch.bfloat16)
+    keep = tc.high_entropy_mask(entropy, O(1, 2), top_fraction=0.5)
+    assert keep.dtype == torch.float32 and keep.tolist() == [[0.0, 1.0]]
+    assert torch.equal(keep, ref_high_entropy_mask(entropy, O(1, 2), 0.5))
+    nothing = tc.high_entropy_mask(torch.rand(2, 3), Z(2, 3))
+    assert nothing.dtype == torch.float32 and torch.equal(nothing, Z(2, 3))
+    garbage = tc.high_entropy_mask(torch.tensor([[0.2, 0.9, NAN]]), torch.tensor([[1, 1, 0]]), 0.5)
+    assert garbage.dtype == torch.float32 and garbage.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_high_entropy_mask_past_torch_quantiles_limit_of_2_24_tokens():
+    """torch.quantile refuses more than 2^24 values; a batch of 2^24 + 4 real tokens still gets its
+    top quarter. Response r has entropy r on every token: quantile 0.75 interpolates 2 and 3 to
+    2.25, and only response 3 is kept."""
+    n = 2 ** 24 + 4
+    entropy = torch.arange(4.0)[:, None].expand(4, n // 4)
+    keep = tc.high_entropy_mask(entropy, torch.ones(4, n // 4, dtype=torch.bool), top_fraction=0.25)
+    assert keep.dtype == torch.float32 and keep.sum().item() == n // 4
+    assert keep[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0] == keep[:, -1].tolist()
 
 
 # -----------------------------------------------------------------------------

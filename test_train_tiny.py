@@ -405,6 +405,7 @@ def test_impl_trains_with_the_students_file(tmp_path, monkeypatch, capsys):
     results = lab.main(argv + ["--name", "partial", "--impl", "grpo_only.py"])
     out = capsys.readouterr().out
     assert len(results["runs"]) == 1 and "pass_at_group" in results
+    assert f"tokencredit: {tmp_path / 'grpo_only.py'}\n" in out  # which file it trained with
     assert "one_step skipped: your tokencredit.py has not implemented exercise 7" in out
     assert "diagnosis skipped: your tokencredit.py has not implemented exercise" in out
 

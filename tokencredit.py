@@ -176,7 +176,8 @@ def policy_gradient_surrogate(logp: torch.Tensor, advantages: torch.Tensor) -> t
     """REINFORCE's per-token loss, loss_t = -A_t log pi(o_t | q, o_<t), whose gradient is -A_t.
 
     A may be the raw reward (REINFORCE), a baselined advantage (GRPO) or per token (CSCR). The
-    gradient ignores which policy sampled o_t, so it is right only on-policy.
+    gradient ignores which policy sampled o_t, so it is right only on-policy. The advantages are
+    constants of the loss (no gradient is meant for them): pass them detached, as policy_loss does.
     Args: logp (N, T); advantages (N,) or (N, T). Returns: loss (N, T), not yet aggregated.
     """
     _check_tensor(logp, "logp", 2, "(N, T)")
@@ -342,8 +343,9 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     Args: logp, old_logp, mask (N, T); advantages (N,) or (N, T); mode, group_size, max_len as in
     loss_denominators; eps_low, eps_high as in clipped_surrogate; ref_logp (N, T) when beta > 0.
     Returns: (loss, stats over real tokens: num_tokens, clip_frac_low (A < 0, rho < 1 - eps_low),
-    clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean, kl_mean). The inputs' values are
-    checked and the stats read back in one host-device synchronisation.
+    clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean (these three with surrogate "clip"),
+    kl_mean (only when beta > 0)), the stats Python floats (num_tokens an int). The inputs' values
+    are checked and the stats read back in one host-device synchronisation.
     """
     mask, values_check = _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta,
                                             surrogate, ratio_level)
@@ -427,7 +429,8 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     strength 0 gives w~ = 1 exactly (GRPO); padding and empty responses get 0.
     Args: sensitivity (N, T) >= 0; mask; strength (alpha) >= 0; threshold (tau).
     Returns: weights (N, T), float32; no strength underflows a response to 0/0 (w_t / sum w is
-    computed after shifting each response's log w_t by its largest).
+    computed after shifting each response's log w_t by its largest). T = 0 (no token column)
+    gives an empty (N, 0) tensor: with no token there is no largest log w_t, so no shift.
     """
     _check_tensor(sensitivity, "sensitivity", 2, "(N, T)")
     mask = _check_mask(mask, sensitivity, "sensitivity")

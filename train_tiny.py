@@ -440,6 +440,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     quiet_transformers()
     device = pick_device(base.device)
     print(describe_device(device, base.device))
+    print(f"tokencredit: {os.path.abspath(tc.__file__)}")  # ours, or the student's (--impl)
     out_dir = os.path.join("runs", base.name)
     os.makedirs(out_dir, exist_ok=True)
     model, tokenizer, start_path = load_or_warm_up(base, device, "runs")
@@ -526,7 +527,6 @@ def use_tokencredit(path: str) -> None:
     spec = importlib.util.spec_from_file_location("tokencredit_impl", path)
     tc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tc)
-    print(f"tokencredit: {os.path.abspath(path)}")
 
 
 if __name__ == "__main__":
