@@ -789,13 +789,16 @@ def sign_test_p(plus: int, minus: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
-def paired_stats(diffs: List[float]) -> dict:
+def paired_stats(diffs: List[float], digits: int = 6) -> dict:
     """Per-seed differences -> their mean, its 95 % t-interval, the sign counts and the sign
-    test's p. One seed gives no interval (nan)."""
+    test's p. A difference that rounds to 0 at `digits` decimals, as the table prints it, is a
+    tie: the compact copies keep 5 significant digits, so two equal sums of truncated answers
+    can differ in the 8th decimal. One seed gives no interval (nan)."""
     n = len(diffs)
     mean, sd = mean_std(diffs)
     half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else float("nan")
-    plus, minus = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    signs = [round(d, digits) for d in diffs]
+    plus, minus = sum(d > 0 for d in signs), sum(d < 0 for d in signs)
     return dict(n=n, mean=mean, low=mean - half, high=mean + half, plus=plus, minus=minus,
                 zero=n - plus - minus, p=sign_test_p(plus, minus))
 
@@ -885,7 +888,8 @@ def paired_rows(base: tuple, other: tuple, seeds: List[int]) -> list:
     for measure, window in b[0]:
         diffs = [y[measure, window] - x[measure, window] for x, y in zip(b, o)]
         rows.append(dict(key=(measure, window), label=f"{measure}, {windows[window]}",
-                         digits=digits[measure], diffs=diffs, **paired_stats(diffs)))
+                         digits=digits[measure], diffs=diffs,
+                         **paired_stats(diffs, digits[measure])))
     return rows
 
 

@@ -242,8 +242,9 @@ def test_paired_stats_hand_worked():
     assert s["low"] == pytest.approx(-1.375 - 2.375759, abs=1e-5)
     assert s["high"] == pytest.approx(-1.375 + 2.375759, abs=1e-5)
     assert s["p"] == 2 * (1 + 4) / 16  # 1 of 4 positive
-    tied = lab.paired_stats([0.0, -1.0, -1.0])  # a tie is counted apart and left out of the test
-    assert (tied["plus"], tied["minus"], tied["zero"], tied["p"]) == (0, 2, 1, 0.5)
+    tied = lab.paired_stats([5e-8, -1.0, -1.0], digits=4)  # +0.0000 as printed: a tie, counted
+    assert (tied["plus"], tied["minus"], tied["zero"], tied["p"]) == (0, 2, 1, 0.5)  # apart
+    assert lab.paired_stats([5e-8, -1.0, -1.0], digits=8)["plus"] == 1
 
 
 def fake_run(name, seeds, truncated, wrong, sampled, **config):
