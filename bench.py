@@ -250,9 +250,11 @@ def make_trainer(args, ckpt, seed, updates, device, callbacks):
     from trl import GRPOTrainer
     from trl_tokencredit import mask_positions, tiny_setup
     model, tokenizer = load(ckpt, device)
-    config, dataset, verifier = tiny_setup(args, seed, updates, device, tokenizer.eos_token_id,
-                                           loss_type="grpo", scale_rewards="group",
-                                           importance_sampling_level="token")
+    config, dataset, reward_funcs = tiny_setup(args, seed, updates, device,
+                                               tokenizer.eos_token_id, loss_type="grpo",
+                                               scale_rewards="group",
+                                               importance_sampling_level="token")
+    verifier, = reward_funcs  # train_tiny's grpo: no overlong shaping
     trainer = GRPOTrainer(model=model, reward_funcs=verifier, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=callbacks)
     for callback in (PrinterCallback, ProgressCallback):

@@ -136,7 +136,7 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
                              for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
     texts = [open(os.path.join(HERE, page)).read() for page in pages]
     commands = {c.strip() for text in texts for c in re.findall(
-        r"python lab\.py compare ((?:results/\S+\.json(?::\w+)? )+(?:--primary)?)", text + " ")}
+        r"python lab\.py compare ((?:results/\S+\.json(?::\w+)? ?)+(?:--primary)?)", text)}
     out = ""
     for command in sorted(commands):
         plot = [] if "--primary" in command else ["--plot", str(tmp_path / "pair.png")]

@@ -616,3 +616,440 @@ def test_smoke_training_with_accumulation_and_group_token(tokenizer):
     logged = [r for r in trainer.state.log_history if "tc/clip_frac_low" in r]
     assert len(logged) == 4 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logged)
     assert any((p.detach() - b).abs().max() > 0 for p, b in zip(model.parameters(), before))
+
+
+# -----------------------------------------------------------------------------
+# dynamic sampling (DAPO) inside the trainer: the verdicts are scripted per round, so which
+# groups are informative is known; the shaped second reward makes every group's weighted sum
+# differ, so a filter on the sum instead of the verdicts would keep other groups.
+
+M1, M2, M3, ALL1, ALL0 = [1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 1], [1] * G, [0] * G
+
+
+class Scripted:
+    """The verdict reward function `correct`, one table (B groups of G verdicts) per round."""
+
+    def __init__(self, tables):
+        self.tables, self.calls = tables, 0
+
+    def __call__(self, completions, **kwargs):
+        table = self.tables[min(self.calls, len(self.tables) - 1)]
+        self.calls += 1
+        return [float(v) for group in table for v in group]
+
+
+def shaped(completion_ids, **kwargs):  # a length shaping: never equal within a group
+    return [-0.01 * len(ids) - 0.001 * i for i, ids in enumerate(completion_ids)]
+
+
+def ds_trainer(tokenizer, tables, credit, widths=None, dataset=None, model=None, **settings):
+    """A trainer whose rounds are recorded (each round's batch, weighted rewards, verdicts);
+    widths: each round's completions cut to that many tokens (rounds of different widths)."""
+    correct = Scripted(tables)
+    correct.__name__ = "correct"
+    base = dict(per_device_train_batch_size=4 * G, num_iterations=2, reward_weights=[1.0, 1.0])
+    trainer = TokenCreditGRPOTrainer(
+        model=model or tiny_model(tokenizer), reward_funcs=[correct, shaped],
+        args=config(**{**base, **settings}), train_dataset=dataset or prompts(16),
+        processing_class=tokenizer, credit=credit)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.recorded = []
+    score_round, generate = trainer._score_round, trainer._generate
+
+    def record(batch):
+        out = score_round(batch)
+        trainer.recorded.append(({k: v.clone() for k, v in out.items()},
+                                 trainer._round_rewards.clone(),
+                                 trainer._rewards_per_func[:, 0].clone(), batch))
+        return out
+
+    def cut(prompts_):
+        result = list(generate(prompts_))
+        if widths is not None:
+            width = widths[len(trainer.recorded) % len(widths)]
+            result[1] = [list(ids)[:width] for ids in result[1]]
+        return tuple(result)
+    trainer._score_round, trainer._generate = record, cut
+    return trainer
+
+
+def first_batch(trainer):
+    trainer.model.train()
+    batch = [trainer.train_dataset[i] for i in range(4) for _ in range(G)]  # as TRL's sampler
+    torch.manual_seed(0)
+    return trainer._generate_and_score_completions(batch)
+
+
+PADS = dict(prompt_ids="left", prompt_mask="left", completion_ids="right",
+            completion_mask="right", old_per_token_logps="right")
+
+
+def widen(t, width, side, value=0):
+    extra = width - t.shape[1]
+    return torch.nn.functional.pad(t, (extra, 0) if side == "left" else (0, extra), value=value)
+
+
+def replayed_fill_batch(trainer, batch_size, max_rounds):
+    """tc.fill_batch on the recorded rounds, every key padded to the widest round."""
+    pad_id = trainer.processing_class.pad_token_id
+    widths = {k: max(out[k].shape[1] for out, *_ in trainer.recorded) for k in PADS}
+    rounds = iter(trainer.recorded)
+
+    def sample_groups():
+        out, rewards, verdicts, _ = next(rounds)
+        B = rewards.numel() // G
+        groups = dict(correct=verdicts.view(B, G), rewards=rewards.view(B, G))
+        for key, side in PADS.items():
+            value = pad_id if key.endswith("_ids") else 0
+            groups[key] = widen(out[key], widths[key], side, value).view(B, G, -1)
+        return groups
+    batch, stats = tc.fill_batch(sample_groups, batch_size, max_rounds, "correct")
+    return {k: v.flatten(0, 1) for k, v in batch.items()}, stats, widths
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_dynamic_sampling_keeps_what_fill_batch_keeps(tokenizer, scale):
+    """Rounds of different widths: the kept batch (ids, masks, old log-probs, advantages, stats)
+    is fill_batch's on the same rounds, and each kept row scores as it did in its own round."""
+    tables = [[M1, ALL1, ALL0, M2], [ALL0, M3, ALL1, ALL1], [M2, M1, M3, ALL0]]
+    credit = Credit(dynamic_sampling=True, max_rounds=3, filter_reward="correct")
+    trainer = ds_trainer(tokenizer, tables, credit, widths=[12, 5, 9], scale_rewards=scale)
+    out = first_batch(trainer)
+    expected, stats, widths = replayed_fill_batch(trainer, 4, 3)
+    assert stats == dict(rounds=3, groups_seen=12, groups_informative=6, groups_kept=4, full=1)
+    assert [o["completion_ids"].shape[1] for o, *_ in trainer.recorded] == [12, 5, 9]
+    pad_id = tokenizer.pad_token_id
+    for key, side in PADS.items():
+        ours = widen(out[key], widths[key], side, pad_id if key.endswith("_ids") else 0)
+        assert torch.equal(ours, expected[key].to(ours.dtype)), key
+    A = tc.group_advantages(expected["rewards"].view(-1, G), scale=tc_scale(scale),
+                            eps=1e-4).flatten()
+    assert torch.equal(out["advantages"], A)
+    assert out["tc_real"].tolist() == [1.0] * 16 and int(out["tc_rows"]) == 16
+    assert int(out["num_items_in_batch"]) == int(out["completion_mask"].sum())
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("ds/")}
+    assert logged == {**{f"ds/{k}": float(v) for k, v in stats.items()},
+                      "ds/reward": pytest.approx(float(expected["rewards"].mean()), abs=1e-6)}
+    # the kept rows come from rounds 0 and 2, of widths 12 and 9, prompts re-padded: each row's
+    # log-probs scored in the concatenated batch are those of its own round
+    with torch.no_grad():
+        again = scored(trainer, out)
+    mask = out["completion_mask"].bool()
+    difference = (again - out["old_per_token_logps"]).abs()[mask].max().item()
+    print(f"\nscale {scale}: kept rows re-scored in the concatenated batch: max|diff| "
+          f"{difference:.1e}")
+    assert difference < 1e-5
+
+
+def tc_scale(scale_rewards):
+    return {"group": "std", "batch": "batch", "none": "none"}[scale_rewards]
+
+
+def test_dynamic_sampling_filters_on_the_named_verdict(tokenizer):
+    with pytest.raises(ValueError, match="name the verdict to filter on"):
+        ds_trainer(tokenizer, [[M1] * 4], Credit(dynamic_sampling=True))
+    with pytest.raises(ValueError, match="is not a reward function"):
+        ds_trainer(tokenizer, [[M1] * 4], Credit(dynamic_sampling=True, filter_reward="nope"))
+    with pytest.raises(ValueError, match="max_rounds must be a positive int"):
+        Credit(dynamic_sampling=True, max_rounds=0)
+    trainer = ds_trainer(tokenizer, [[ALL1] * 4], Credit(dynamic_sampling=True,
+                                                         filter_reward="correct"),
+                         dataset=prompts(3))  # fewer prompts than a round draws
+    trainer.model.train()
+    batch = [trainer.train_dataset[i % 3] for i in range(4) for _ in range(G)]
+    with pytest.raises(ValueError, match="draws 4 prompts per round, but the train_dataset has 3"):
+        trainer._generate_and_score_completions(batch)
+
+
+@pytest.mark.parametrize("mode", ["sample", "token", "group_token", "constant"])
+def test_a_short_batch_is_policy_loss_on_the_kept_rows_alone(tokenizer, mode):
+    """2 of 4 groups informative after max_rounds: the loss and gradient are tc.policy_loss on
+    fill_batch's rows alone (its normalisers), the fillers weigh nothing."""
+    tables = [[ALL1, ALL0, M1, ALL1], [ALL0, ALL0, ALL1, ALL1], [ALL1, M2, ALL0, ALL0]]
+    credit = Credit(mode=mode, dynamic_sampling=True, max_rounds=3, filter_reward="correct")
+    trainer = ds_trainer(tokenizer, tables, credit, widths=[12, 7, 10])
+    out = first_batch(trainer)
+    expected, stats, _ = replayed_fill_batch(trainer, 4, 3)
+    assert stats["groups_kept"] == 2 and stats["full"] == 0 and stats["rounds"] == 3
+    assert out["tc_real"].tolist() == [1.0] * 8 + [0.0] * 8
+    assert out["completion_mask"][8:].sum() == 0 and out["advantages"][8:].abs().sum() == 0
+    model = trainer.model
+    g = torch.Generator().manual_seed(1)
+    noise = 0.5 * torch.randn(out["completion_mask"].shape, generator=g)
+    out["old_per_token_logps"] = out["old_per_token_logps"] + noise  # so that the clip acts
+    ours = loss_and_grad(model, lambda: trainer._compute_loss(model, out))
+
+    def plain(rows=8):
+        kept = {k: v[:rows] for k, v in out.items() if torch.is_tensor(v) and v.dim() > 0}
+        logp = scored(trainer, kept)
+        A = torch.nn.functional.pad(tc.group_advantages(expected["rewards"].view(-1, G),
+                                                        eps=1e-4).flatten(), (0, rows - 8))
+        return tc.policy_loss(logp, kept["old_per_token_logps"], A, kept["completion_mask"],
+                              mode=mode, group_size=G, max_len=MAX_COMPLETION,
+                              eps_low=0.2, eps_high=0.2)[0]
+    theirs = loss_and_grad(model, plain)
+    loss_diff = (ours[0] - theirs[0]).abs().item()
+    grad_diff = (ours[1] - theirs[1]).abs().max().item()
+    print(f"\nshort batch, mode {mode}: loss {ours[0].item():.2e}, max|diff| loss "
+          f"{loss_diff:.1e} grad {grad_diff:.1e}")
+    assert loss_diff < 1e-6 and grad_diff < 1e-6
+    assert ours[0].abs().item() > 1e-4
+    with_fillers = plain(16).item()  # the fillers counted as rows: other normalisers
+    if mode != "token":  # (token: the fillers have no tokens to count)
+        assert abs(with_fillers - ours[0].item()) > 0.3 * abs(ours[0].item())
+    # two micro-batches (GA = 2), the kept rows all in the first: each is scaled by its share
+    with setting(trainer.args, steps_per_generation=2, gradient_accumulation_steps=2), \
+            setting(trainer, current_gradient_accumulation_steps=2):
+        halves = [split(out, torch.arange(8)), split(out, torch.arange(8, 16))]
+        accumulated = loss_and_grad(model, lambda: sum(trainer._compute_loss(model, h)
+                                                       for h in halves))
+    assert (accumulated[0] - theirs[0]).abs() < 1e-6
+    assert (accumulated[1] - theirs[1]).abs().max() < 1e-6
+
+
+def test_dynamic_sampling_of_one_round_is_the_bridge_without_it(tokenizer):
+    """max_rounds=1 and every group informative: the same batch, loss and gradient as
+    dynamic sampling off."""
+    tables = [[M1, M2, M3, M1]]
+    results = []
+    for credit in (Credit(), Credit(dynamic_sampling=True, max_rounds=1,
+                                    filter_reward="correct")):
+        trainer = ds_trainer(tokenizer, tables, credit)
+        out = first_batch(trainer)
+        model = trainer.model
+        results.append((out, loss_and_grad(model, lambda: trainer._compute_loss(model, out))))
+    (off, (loss_off, grad_off)), (on, (loss_on, grad_on)) = results
+    for key in off:
+        assert torch.equal(off[key], on[key]), key
+    assert torch.equal(loss_off, loss_on) and torch.equal(grad_off, grad_on)
+    assert loss_off.abs() > 1e-3
+
+
+def test_dynamic_sampling_leaves_the_epochs_and_the_main_prompt_stream_alone(tokenizer):
+    """Training 4 generation batches over 8 prompts (2 epochs): the prompts TRL's loader hands
+    over and the epoch count are those without dynamic sampling; extra rounds draw elsewhere.
+    Batch 2 finds nothing informative in 3 rounds: its loss is 0 and training goes on."""
+    tables = [[ALL1, M1, ALL0, M2], [M1, M2, M3, M1], [ALL1] * 4, [ALL0] * 4, [ALL1] * 4,
+              [M1] * 4]
+    seen, states = [], []
+    for credit in (Credit(), Credit(dynamic_sampling=True, filter_reward="correct")):
+        trainer = ds_trainer(tokenizer, tables, credit, dataset=prompts(8), num_iterations=1,
+                             max_steps=4, max_completion_length=6, learning_rate=1e-3)
+        main = []
+        generate = trainer._generate_and_score_completions
+
+        def record(inputs, generate=generate, main=main):
+            main.append([x["prompt"] for x in inputs])
+            return generate(inputs)
+        trainer._generate_and_score_completions = record
+        trainer.train()
+        seen.append(main)
+        states.append((trainer.state.epoch, len(trainer.recorded), trainer.state.log_history))
+    assert seen[0] == seen[1] and len(seen[0]) == 4
+    extra = [x["prompt"] for x in trainer.recorded[1][3]]  # batch 1's second round
+    assert extra != seen[1][0] and set(extra) <= set(prompts(8)["prompt"])
+    assert states[0][0] == states[1][0] == 2.0
+    assert states[0][1] == 4 and states[1][1] == 1 + 2 + 3 + 1 + 1 - 1  # rounds per batch 2,3,1,1
+    logs = [r for r in states[1][2] if "ds/rounds" in r]
+    assert [r["ds/rounds"] for r in logs] == [2.0, 3.0, 1.0, 1.0]
+    assert [r["ds/full"] for r in logs] == [1.0, 0.0, 1.0, 1.0]
+    assert logs[1]["loss"] == 0.0 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)
+
+
+# -----------------------------------------------------------------------------
+# CSCR inside the trainer: the kept completions re-scored under c+ and c- (train_tiny's "Y"/"N")
+
+CSCR = dict(cscr_strength=1.0, cond_pos="Y", cond_neg="N")
+
+
+def test_cscr_scores_and_weights_are_train_tinys(tokenizer):
+    """The same checkpoint and completions: log-probs under c+ and c- and the weights equal
+    train_tiny's own score() and CSCR credit, on prompts of unequal length."""
+    trainer = ds_trainer(tokenizer, [[M1, M2, M3, M1]], Credit(**CSCR))
+    out = first_batch(trainer)
+    logp, logp_pos, logp_neg = trainer._cscr_scored
+    problems = [p for p in tiny_task.ProblemStream(TINY, 7).next(4) for _ in range(G)]
+    assert tiny_task.prompt_texts(problems) == [x["prompt"] for x in trainer.recorded[0][3]]
+    lengths = out["prompt_mask"].sum(dim=1)
+    assert lengths.min() < lengths.max()  # left padding is there
+    responses, mask = out["completion_ids"], out["completion_mask"].bool()
+    args = dataclasses.replace(TINY, temperature=trainer.args.temperature)
+    with torch.no_grad():
+        (theirs_pos, _), (theirs_neg, _) = tt.score(trainer.model, tokenizer, args, problems,
+                                                    responses, mask, conds=("Y", "N"))
+        (theirs, _), = tt.score(trainer.model, tokenizer, args, problems, responses, mask)
+    for name, ours, ref in (("c+", logp_pos, theirs_pos), ("c-", logp_neg, theirs_neg),
+                            ("old", logp, theirs)):
+        difference = (ours - ref).abs()[mask].max().item()
+        print(f"\nCSCR log-probs under {name} against train_tiny.score: max|diff| {difference:.1e}")
+        assert difference < 1e-5, name
+    assert (logp_pos - logp).abs()[mask].mean() > 1e-2  # the conditions move the log-probs
+    targs = dataclasses.replace(args, cscr_strength=1.0)
+    A = torch.ones(len(problems))
+    expected = tt.token_credit(targs, A, mask, None, theirs, dict(logp_pos=theirs_pos,
+                                                                  logp_neg=theirs_neg))
+    difference = (out["tc_weights"] - expected).abs().max().item()
+    print(f"CSCR weights against train_tiny.token_credit: max|diff| {difference:.1e}")
+    assert difference < 1e-5 and (expected - 1).abs()[mask].max() > 0.1
+    d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
+    diagnostics = tc.shift_diagnostics(d_pos, d_neg, mask)
+    logged = trainer._metrics["train"]
+    for key in trainer.CSCR_METRICS:
+        assert logged[f"cscr/{key}"][-1] == pytest.approx(diagnostics[key], abs=1e-6), key
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '>' + m['content'] + ',' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '>>' }}{% endif %}")
+
+
+def test_cscr_puts_the_assertion_inside_the_chat_template(tokenizer):
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = CHAT_TEMPLATE
+    problems = tiny_task.ProblemStream(TINY, 7).next(4)
+    conversations = [[{"role": "user", "content": text}]
+                     for text in tiny_task.prompt_texts(problems)]
+    trainer = TokenCreditGRPOTrainer(
+        model=tiny_model(tokenizer), reward_funcs=odd_length, args=config(num_iterations=2),
+        train_dataset=Dataset.from_dict({"prompt": conversations}), processing_class=chat,
+        credit=Credit(**CSCR))
+    ids, mask = trainer.conditioned_prompt_ids(conversations[:2], "Y")
+    first = chat.decode(ids[0][mask[0].bool()])
+    assert first == ">Y" + tiny_task.prompt_texts(problems[:1])[0] + ",>>"
+    expected = chat.apply_chat_template([{"role": "user", "content": "Y" + conversations[1][0][
+        "content"]}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert ids[1][mask[1].bool()].tolist() == list(expected)
+    trainer.model.train()
+    batch = [trainer.train_dataset[i] for i in range(2) for _ in range(G)]
+    out = trainer._generate_and_score_completions(batch)
+    assert out["tc_weights"].shape == out["completion_mask"].shape
+
+
+def test_cscr_of_strength_0_is_the_bridge_without_weights(tokenizer):
+    results = []
+    for credit in (Credit(), Credit(**{**CSCR, "cscr_strength": 0.0})):
+        trainer = ds_trainer(tokenizer, [[M1, M2, M3, M1]], credit)
+        out = first_batch(trainer)
+        noise = 0.3 * torch.randn(out["completion_mask"].shape,
+                                  generator=torch.Generator().manual_seed(2))
+        out["old_per_token_logps"] = out["old_per_token_logps"] + noise
+        model = trainer.model
+        results.append(loss_and_grad(model, lambda: trainer._compute_loss(model, out)))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][0].abs() > 1e-4
+
+
+def test_only_the_kept_rows_are_rescored(tokenizer):
+    """Dynamic sampling and CSCR: 4 groups kept of 12 sampled in 3 rounds; the model scores
+    3 x 16 rows for TRL's old log-probs, and 2 conditions x 16 kept rows for CSCR."""
+    tables = [[M1, ALL1, ALL0, M2], [ALL0, M3, ALL1, ALL1], [M2, M1, M3, ALL0]]
+    credit = Credit(dynamic_sampling=True, max_rounds=3, filter_reward="correct", **CSCR)
+    trainer = ds_trainer(tokenizer, tables, credit, widths=[12, 5, 9])
+    calls = []
+    hook = trainer.model.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape[0])
+        if kwargs.get("fused_lm_head") else None, with_kwargs=True)
+    out = first_batch(trainer)
+    hook.remove()
+    # kept: groups 0, 3 of round 0, group 1 of round 1, group 0 of round 2 (then it is full)
+    assert calls == [16] * 3 + [8, 8, 4, 4, 4, 4]
+    kept_rounds = trainer._metrics["train"]["ds/groups_kept"][-1]
+    assert kept_rounds == 4.0 and out["tc_weights"].shape == out["completion_mask"].shape
+    real = out["completion_mask"].bool()
+    assert (out["tc_weights"][~real] == 0).all() and (out["tc_weights"][real] > 0).all()
+
+
+def test_smoke_training_with_dynamic_sampling_cscr_and_accumulation(tokenizer):
+    """2 micro-batches per generation batch (groups shuffled whole), 2 iterations: one
+    generation batch, re-scored under c+ and c- once per round used, its weights kept for the
+    4 optimizer-step halves."""
+    tables = [[M1, ALL1, ALL0, M2] * 2, [M3, M1, ALL1, ALL0] * 2]
+    credit = Credit(mode="group_token", dynamic_sampling=True, filter_reward="correct", **CSCR)
+    model = tiny_model(tokenizer, seed=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = ds_trainer(tokenizer, tables, credit, model=model, gradient_accumulation_steps=2,
+                         steps_per_generation=2, max_steps=2, learning_rate=1e-3,
+                         max_completion_length=8)
+    rescored = []
+    cscr_weights = trainer._cscr_weights
+
+    def count(*args):
+        rescored.append(args[2].numel())
+        return cscr_weights(*args)
+    trainer._cscr_weights = count
+    trainer.train()
+    assert len(trainer.recorded) == 2 and rescored == [16, 16]  # 4 + 4 groups kept
+    logged = [r for r in trainer.state.log_history if "ds/rounds" in r]
+    assert [r["ds/rounds"] for r in logged] == [2.0] and logged[0]["ds/full"] == 1.0
+    assert 0 <= logged[0]["cscr/sign_reversal"] <= 1
+    assert any((p.detach() - b).abs().max() > 0 for p, b in zip(model.parameters(), before))
+
+
+def test_the_script_runs_train_tinys_presets():
+    """--preset dapo / cscr: train_tiny's preset as a Credit and reward functions, flags given
+    override it."""
+    import trl_tokencredit as bridge
+    args, opt = bridge.parse_args(["--preset", "dapo", "--steps", "3", "--eps-high", "0.3"])
+    expected = {**tt.PRESETS["dapo"], "eps_high": 0.3}
+    assert {k: getattr(args, k) for k in expected} == expected and opt.steps == 3
+    credit = bridge.tiny_credit(args)
+    assert (credit.mode, credit.dynamic_sampling, credit.max_rounds, credit.filter_reward,
+            credit.cscr_strength) == ("token", True, 3, "verifier", None)
+    config, _, reward_funcs = bridge.tiny_setup(args, 0, 3, "cpu", 1)
+    assert [f.__name__ for f in reward_funcs] == ["verifier", "overlong"]
+    assert config.epsilon_high == 0.3
+    lengths = [[5] * n for n in (40, 44, 48)]
+    assert reward_funcs[1](completion_ids=lengths) == pytest.approx(
+        tc.overlong_penalty(torch.tensor([40, 44, 48]), 48, 6).tolist())
+    args, _ = bridge.parse_args(["--preset", "cscr", "--cond-pos", "YY"])
+    credit = bridge.tiny_credit(args)
+    assert (credit.cscr_strength, credit.cond_pos, credit.cond_neg, credit.dynamic_sampling,
+            credit.mode) == (1.0, "YY", "N", False, "sample")
+    assert bridge.tiny_credit(bridge.parse_args([])[0]).cscr_strength is None
+    with pytest.raises(SystemExit):
+        bridge.parse_args(["--preset", "opsd"])
+
+
+# -----------------------------------------------------------------------------
+# two processes (not a pytest test): torchrun --nproc_per_node 2 test_trl_tokencredit.py
+# (docs/trl.md has its output). Global fill over rounds where the informative groups sit on
+# one process: both keep the same groups, process 0 trains on process 1's rows, nothing hangs.
+
+def two_processes():
+    rank = int(os.environ.get("RANK", 0))
+    tokenizer = tiny_task.build_tokenizer()
+    # 4 groups per round (2 per process); round 0: both informative ones on process 1
+    tables = [[ALL1, ALL0, M1, M2], [M3, ALL0, M1, M2], [M2, M1, M3, M1]]
+    mine = [[group for group in table[2 * rank:2 * rank + 2]] for table in tables]
+    credit = Credit(dynamic_sampling=True, max_rounds=3, filter_reward="correct", **CSCR)
+    trainer = ds_trainer(tokenizer, mine, credit, widths=[12, 6, 9],
+                         per_device_train_batch_size=2 * G, max_steps=2)
+    acc = trainer.accelerator
+    trainer.model.train()
+    batch = [trainer.train_dataset[i] for i in range(2 * rank, 2 * rank + 2) for _ in range(G)]
+    torch.manual_seed(rank)
+    out = trainer._generate_and_score_completions(batch)
+    stats = {k[3:]: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("ds/")}
+    # the kept rows this process got, against the rounds' rows of every process
+    rounds = [acc.gather(acc.pad_across_processes(o["completion_ids"], dim=1, pad_index=0))
+              for o, *_ in trainer.recorded]
+    expected = {0: [(0, 2), (0, 3)], 1: [(1, 0), (1, 2)]}[rank]  # (round, global group)
+    width = out["completion_ids"].shape[1]
+    same = all(torch.equal(widen(rounds[r][j * G:(j + 1) * G], width, "right"),
+                           out["completion_ids"][k * G:(k + 1) * G].cpu())
+               for k, (r, j) in enumerate(expected))
+    decisions = acc.gather_for_metrics([stats], use_gather_object=True)
+    print(f"rank {rank}: {stats}; kept (round, group) {expected}: rows equal {same}; "
+          f"tc_group {out['tc_group'].tolist()}; same stats on both: "
+          f"{decisions[0] == decisions[1]}", flush=True)
+    trainer._metrics["train"].clear()
+    trainer.train()  # 2 optimizer steps (2 iterations) on one generation batch: DS and CSCR
+    logged = [(r["ds/rounds"], r["ds/groups_kept"], r["ds/full"])
+              for r in trainer.state.log_history if "ds/rounds" in r]
+    reversal = [round(r["cscr/sign_reversal"], 4) for r in trainer.state.log_history
+                if "cscr/sign_reversal" in r]
+    print(f"rank {rank}: trained {trainer.state.global_step} steps, (rounds, kept, full) per "
+          f"generation batch {logged}, cscr/sign_reversal {reversal}", flush=True)
+
+
+if __name__ == "__main__":
+    two_processes()

@@ -5,14 +5,16 @@ several GPUs) whose advantages are tokencredit.group_advantages and whose loss i
 tokencredit.policy_loss. GRPOConfig stays the source of truth: without `credit=` the trainer
 computes what TRL would (loss_type, scale_rewards, importance_sampling_level, top_entropy_quantile,
 epsilon, beta), or refuses at start what tokencredit cannot express. `credit=Credit(...)` adds
-what TRL has no setting for (mode "group_token", the leave-one-out baseline, per-token weights) and
-may replace a setting left at TRL's default; one that disagrees with a setting you changed raises.
+what TRL has no setting for (mode "group_token", the leave-one-out baseline, per-token weights,
+DAPO's dynamic sampling, CSCR's re-scoring under c+ and c-) and may replace a setting left at TRL's
+default; one that disagrees with a setting you changed raises.
 
     trainer = TokenCreditGRPOTrainer(model=..., reward_funcs=..., train_dataset=...,
                                      args=GRPOConfig(loss_type="grpo", ...),
                                      credit=Credit(baseline="leave_one_out"))
 
     python trl_tokencredit.py --loss-mode sample --steps 60 --seed 0    # train_tiny's task
+    python trl_tokencredit.py --preset dapo                             # or cscr, ...
 See docs/trl.md: the mapping, what is exact and tested, normalisers, positions, refusals.
 """
 
@@ -29,9 +31,11 @@ import warnings
 from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 try:
     from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer.utils import get_config_model_id, split_tensor_dict
+    from trl.data_utils import is_conversational
+    from trl.trainer.utils import RepeatSampler, get_config_model_id, pad, split_tensor_dict
 except ImportError as error:  # TRL is a bench-only dependency
     raise ImportError("trl_tokencredit.py needs TRL 1.16: "
                       "pip install -r requirements-bench.txt") from error
@@ -55,10 +59,33 @@ class Credit:
     max_len: Optional[int] = None  # mode constant; None: max_completion_length (dr_grpo), luspo 1
     token_weights_fn: Optional[Callable] = None  # (inputs, logp, entropies, mask) -> (N, T) >= 0
     fix_positions: bool = True  # positions from the attention mask when TRL scores (mask_positions)
+    # DAPO's dynamic sampling (tc.fill_batch over global rounds): keep groups whose verdicts
+    # (the column of reward function filter_reward, not the weighted sum) are not all equal
+    dynamic_sampling: bool = False
+    max_rounds: int = 3  # generation rounds per generation batch at most
+    filter_reward: Optional[str] = None  # a reward function's name; None: the only one
+    # CSCR: re-score the kept completions under cond_pos / cond_neg before the prompt (no grad)
+    cscr_strength: Optional[float] = None  # alpha; None: off (0 computes weights of exactly 1)
+    cscr_threshold: float = 0.0  # tau
+    cond_pos: Optional[str] = None  # text asserting "correct" (chat: before the last user turn)
+    cond_neg: Optional[str] = None  # text asserting "incorrect"
 
     def __post_init__(self):  # check the choices given on a dummy batch now, not after generating
         if self.token_count not in (None, "global", "local"):
             raise ValueError(f"token_count must be 'global' or 'local', got {self.token_count!r}")
+        if not isinstance(self.dynamic_sampling, bool):
+            raise ValueError(f"dynamic_sampling must be True or False, got "
+                             f"{self.dynamic_sampling!r}")
+        if (not isinstance(self.max_rounds, int) or isinstance(self.max_rounds, bool)
+                or self.max_rounds < 1):
+            raise ValueError(f"max_rounds must be a positive int, got {self.max_rounds!r}")
+        if self.cscr_strength is not None:
+            tc.cscr_weights(torch.zeros(1, 1), torch.ones(1, 1), self.cscr_strength,
+                            self.cscr_threshold)
+            if not (isinstance(self.cond_pos, str) and isinstance(self.cond_neg, str)
+                    and self.cond_pos and self.cond_pos != self.cond_neg):
+                raise ValueError(f"cscr_strength needs cond_pos and cond_neg, two different "
+                                 f"non-empty strings, got {self.cond_pos!r}, {self.cond_neg!r}")
         tc.group_advantages(torch.tensor([[1.0, 0.0]]), scale=self.adv_scale or "std",
                             eps=1e-4 if self.adv_eps is None else self.adv_eps,
                             baseline=self.baseline or "mean")
@@ -181,6 +208,18 @@ def high_entropy_weights(top_fraction: float = 0.2) -> Callable:
     return weights
 
 
+def assert_in_conversation(messages: list, cond: str) -> list:
+    """CSCR's assertion in a chat prompt: `cond` before the content of the last user message,
+    so that the chat template wraps it (never raw text before the template's tokens)."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users or not isinstance(messages[users[-1]].get("content"), str):
+        raise ValueError(f"CSCR on a conversation needs a last user message with text content, "
+                         f"got roles {[m.get('role') for m in messages]}")
+    last = users[-1]
+    return (messages[:last] + [{**messages[last], "content": cond + messages[last]["content"]}]
+            + messages[last + 1:])
+
+
 def shuffle_groups(batch: dict, group: torch.Tensor, G: int) -> dict:
     """TRL's shuffle_sequence_dict, moving whole groups: rows g*G..g*G+G-1 must be one group."""
     n = group.shape[0]
@@ -228,7 +267,9 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         with _without_trl_loss_warnings():
             super().__init__(model, reward_funcs, args, *more, **kwargs)
         self._refuse_what_is_not_ours()
+        self._check_dynamic_sampling()
         self._warn_like_trl()
+        self._ds_pending, self._ds_passes = [], 0  # the private prompt stream (_extra_prompts)
         self._position_hooks = ([mask_positions(m) for m in (self.model, self.ref_model)
                                  if m is not None] if self.credit.fix_positions else [])
 
@@ -257,6 +298,29 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
                              f"must be a multiple of num_generations ({G})")
         if self.eval_dataset is not None:
             self._check_eval_batch()
+
+    def _check_dynamic_sampling(self):
+        c, a, G = self.credit, self.args, self.num_generations
+        if not c.dynamic_sampling:
+            return
+        names = self.reward_func_names
+        name = c.filter_reward
+        if name is None and len(names) != 1:
+            raise ValueError(f"dynamic sampling with {len(names)} reward functions {names}: name "
+                             f"the verdict to filter on, Credit(filter_reward=...)")
+        if name is not None and name not in names:
+            raise ValueError(f"Credit(filter_reward={name!r}) is not a reward function; they are "
+                             f"{names}")
+        self._filter_column = names.index(name if name is not None else names[0])
+        local = a.per_device_train_batch_size * a.steps_per_generation
+        if local % G:
+            raise ValueError(f"dynamic sampling needs whole groups on every process: "
+                             f"per_device_train_batch_size x steps_per_generation ({local}) must "
+                             f"be a multiple of num_generations ({G})")
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or not hasattr(
+                self.train_dataset, "__getitem__"):
+            raise ValueError("dynamic sampling draws its extra prompts by index: it needs a "
+                             "map-style train_dataset, not an IterableDataset")
 
     def _check_eval_batch(self):
         """group_token needs whole groups in every evaluation batch too; checked at start when
@@ -293,6 +357,20 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         return self._rewards_per_func  # (N_all, reward functions), all processes in order
 
     def _generate_and_score_completions(self, inputs):
+        c = self.credit
+        if not self.model.training or not (c.dynamic_sampling or c.cscr_strength is not None):
+            return self._score_round(inputs)  # evaluation is left alone
+        if c.dynamic_sampling:
+            return self._dynamic_batch(inputs)
+        out = self._score_round(inputs)
+        rows = torch.arange(out["completion_ids"].shape[0])
+        out["tc_weights"], diagnostics = self._cscr_weights(out, [x["prompt"] for x in inputs],
+                                                            rows)
+        self._log_cscr([diagnostics])
+        return out
+
+    def _score_round(self, inputs):
+        """One call of TRL's generation and scoring, with tokencredit's advantages."""
         out = super()._generate_and_score_completions(inputs)
         G = self.num_generations if self.model.training else self.num_generations_eval
         per_func = self._rewards_per_func
@@ -301,6 +379,7 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
                              "advantages need a reward for every completion")
         weights = self.reward_weights.to(per_func.device)[None, :]
         rewards = (per_func * weights).nansum(dim=1)  # (N_all,)
+        self._round_rewards = rewards
         c = self.credit
         advantages = tc.group_advantages(rewards.view(-1, G), scale=c.adv_scale, eps=c.adv_eps,
                                          baseline=c.baseline).flatten()  # (N_all,)
@@ -309,6 +388,191 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         out["advantages"] = advantages[first:first + n].to(device)
         out["tc_group"] = torch.arange(first, first + n, device=device) // G
         return out
+
+    # ---- DAPO's dynamic sampling: tc.fill_batch over global rounds, on every process alike
+
+    def _dynamic_batch(self, inputs):
+        """Rounds of TRL's generation until fill_batch has B_all informative groups (all
+        processes: the rewards are gathered, so every process takes the same decisions and runs
+        the same rounds). The kept groups are gathered and dealt out in fill_batch's order; a
+        short batch ends in filler rows of mask 0 (tc_real 0) that carry no weight."""
+        c, G = self.credit, self.num_generations
+        P, p = self.accelerator.num_processes, self.accelerator.process_index
+        n = len(inputs)  # this process's rows
+        rounds = []
+
+        def sample_groups():
+            batch = inputs if not rounds else self._extra_prompts(n)
+            out = self._score_round(batch)
+            rounds.append((out, [x["prompt"] for x in batch]))
+            rewards = self._round_rewards.view(-1, G).cpu()  # (B_all, G), the weighted sum
+            verdicts = self._rewards_per_func[:, self._filter_column].view(-1, G).cpu()
+            B = rewards.shape[0]
+            return dict(verdict=verdicts, rewards=rewards, index=torch.arange(B),
+                        round=torch.full((B,), len(rounds) - 1))
+
+        B_all = n * P // G
+        kept, stats = tc.fill_batch(sample_groups, B_all, c.max_rounds, "verdict")
+        K = stats["groups_kept"]
+        where = list(zip(kept["round"].tolist(), kept["index"].tolist()))  # fill_batch's order
+        used = sorted({r for r, _ in where}) or [0]  # rounds holding kept groups (fillers: 0)
+        diagnostics = []
+        if c.cscr_strength is not None:  # each process re-scores the kept rows it holds
+            b = n // G
+            for r in used:
+                out, prompts = rounds[r]
+                mine = [j - p * b for rr, j in where if rr == r and p * b <= j < (p + 1) * b]
+                rows = (torch.tensor(mine, dtype=torch.long)[:, None] * G
+                        + torch.arange(G)).flatten()
+                weights = torch.zeros(out["completion_mask"].shape, device=out["advantages"].device)
+                if rows.numel() or P > 1:  # P > 1: every process calls the model alike (ZeRO-3)
+                    w, d = self._cscr_weights(out, prompts, rows)
+                    weights[rows.to(weights.device)] = w
+                    diagnostics.append(d)
+                out["tc_weights"] = weights
+            self._log_cscr(diagnostics)
+        whole = {r: self._gather_round(rounds[r][0]) for r in used}  # every process's rows
+        global_rows = [(r, torch.arange(j * G, (j + 1) * G)) for r, j in where]  # kept groups
+        fillers = torch.arange((B_all - K) * G)  # rows of the first used round, masked out
+        batch = {}
+        for key, (side, value) in self._pad_rules(whole[used[0]]).items():
+            parts = [whole[r][key][rows] for r, rows in global_rows]
+            parts.append(whole[used[0]][key][fillers])
+            width = max(part.shape[1] for part in parts)
+            batch[key] = torch.cat([F.pad(part, (width - part.shape[1], 0) if side == "left"
+                                          else (0, width - part.shape[1]), value=value)
+                                    for part in parts])
+        device = batch["completion_ids"].device
+        real = torch.arange(B_all * G, device=device) < K * G  # (N_all,)
+        batch["completion_mask"] = batch["completion_mask"] * real[:, None]
+        if "tc_weights" in batch:
+            batch["tc_weights"] = batch["tc_weights"] * real[:, None]
+        advantages = torch.zeros(B_all * G, device=device)
+        if K:
+            advantages[:K * G] = tc.group_advantages(
+                kept["rewards"], scale=c.adv_scale, eps=c.adv_eps, baseline=c.baseline
+            ).flatten().to(device)
+        loss_mask = batch["completion_mask"] * batch.get("tool_mask", 1)
+        mine = slice(p * n, (p + 1) * n)
+        out = {key: value[mine] for key, value in batch.items()}
+        out.update(advantages=advantages[mine], tc_real=real[mine].float(),
+                   tc_group=torch.arange(B_all * G, device=device)[mine] // G,
+                   num_items_in_batch=loss_mask.sum(), tc_rows=torch.tensor(K * G, device=device))
+        metrics = self._metrics["train"]
+        for key, value in stats.items():
+            metrics[f"ds/{key}"].append(float(value))
+        metrics["ds/reward"].append(float(kept["rewards"].mean()) if K else float("nan"))
+        return out
+
+    # how each key of TRL's batch pads when rounds of other widths are concatenated
+    PAD_SIDES = {"prompt_ids": "left", "prompt_mask": "left", "completion_ids": "right",
+                 "completion_mask": "right", "old_per_token_logps": "right",
+                 "ref_per_token_logps": "right", "sampling_per_token_logps": "right",
+                 "tool_mask": "right", "tc_weights": "right"}
+    RECOMPUTED = ("advantages", "tc_group", "num_items_in_batch")
+
+    def _pad_rules(self, out) -> dict:
+        """key -> (side, value): prompts left, completions right, tool_mask with 1, token ids
+        with <pad>. Any other key raises (multimodal inputs, keys of a newer TRL)."""
+        pad_id = self._tokenizer.pad_token_id
+        values = dict(prompt_ids=pad_id, completion_ids=pad_id, tool_mask=1)
+        unknown = sorted(set(out) - set(self.PAD_SIDES) - set(self.RECOMPUTED))
+        if unknown:
+            raise ValueError(f"dynamic sampling cannot concatenate rounds holding {unknown}: it "
+                             f"knows how to pad {sorted(self.PAD_SIDES)} (text models only)")
+        return {key: (self.PAD_SIDES[key], values.get(key, 0)) for key in out
+                if key in self.PAD_SIDES}
+
+    def _gather_round(self, out) -> dict:
+        """One round's rows of every process, in process order, each key padded its own way."""
+        gathered = {}
+        for key, (side, value) in self._pad_rules(out).items():
+            t = self.accelerator.pad_across_processes(out[key], dim=1, pad_index=value,
+                                                      pad_first=side == "left")
+            gathered[key] = self.accelerator.gather(t)
+        return gathered
+
+    def _extra_prompts(self, n: int) -> list:
+        """This process's n rows of a generation batch from a private RepeatSampler over the
+        training set (seed + 1, reshuffled each pass): the main loader, its epochs and its
+        sampler are not touched."""
+        P, p, G = self.accelerator.num_processes, self.accelerator.process_index, \
+            self.num_generations
+        while len(self._ds_pending) < n * P:
+            sampler = RepeatSampler(self.train_dataset, mini_repeat_count=G,
+                                    batch_size=n * P // G, repeat_count=1, shuffle=True,
+                                    seed=self.args.seed + 1 + self._ds_passes)
+            self._ds_passes += 1
+            drawn = list(sampler)
+            if not drawn:  # RepeatSampler drops an incomplete batch: this one would never end
+                raise ValueError(f"dynamic sampling draws {n * P // G} prompts per round, but the "
+                                 f"train_dataset has {len(self.train_dataset)}")
+            self._ds_pending.extend(drawn)
+        take, self._ds_pending = self._ds_pending[:n * P], self._ds_pending[n * P:]
+        return [self.train_dataset[i] for i in take[p * n:(p + 1) * n]]
+
+    # ---- CSCR: the completions re-scored under c+ and c- by the current policy, no gradient
+
+    def conditioned_prompt_ids(self, prompts: list, cond: str):
+        """TRL's own prompt tokenization of the prompts with the assertion `cond`: before the
+        text of a text prompt, or before the content of the last user message of a conversation
+        (inside the chat template). Returns left-padded (ids, mask)."""
+        if is_conversational({"prompt": prompts[0]}):
+            prompts = [assert_in_conversation(messages, cond) for messages in prompts]
+        else:
+            prompts = [cond + text for text in prompts]
+        ids, _, _ = self._tokenize_prompts(prompts)
+        ids = [torch.as_tensor(row) for row in ids]
+        return (pad(ids, self._tokenizer.pad_token_id, "left"),
+                pad([torch.ones_like(row) for row in ids], 0, "left"))
+
+    def _cscr_weights(self, out, prompts, rows):
+        """CSCR's weights (len(rows), T) of these rows of one round and their shift_diagnostics:
+        log-probs under c+ and c- (two forwards) against the old ones (TRL's, or a third
+        forward on TRL's prompt when it computed none)."""
+        c, device = self.credit, out["completion_ids"].device
+        rows = rows.to(device)
+        completion_ids, completion_mask = out["completion_ids"][rows], out["completion_mask"][rows]
+        mask = completion_mask * out["tool_mask"][rows] if "tool_mask" in out else completion_mask
+        T = completion_ids.shape[1]
+        picked = [prompts[i] for i in rows.tolist()]
+        if not picked:  # this process holds no kept row: score one, keep none (collectives)
+            rows, picked = rows.new_zeros(1), prompts[:1]
+            completion_ids, completion_mask = out["completion_ids"][:1], out["completion_mask"][:1]
+            mask = completion_mask[:0]
+
+        def score(prompt_ids, prompt_mask):
+            ids = torch.cat([prompt_ids.to(device), completion_ids], dim=1)
+            attention = torch.cat([prompt_mask.to(device), completion_mask], dim=1)
+            return self._get_per_token_logps_and_entropies(self.model, ids, attention, T)[0]
+
+        with torch.no_grad():
+            logp_pos = score(*self.conditioned_prompt_ids(picked, c.cond_pos))
+            logp_neg = score(*self.conditioned_prompt_ids(picked, c.cond_neg))
+            if "old_per_token_logps" in out:
+                logp = out["old_per_token_logps"][rows]
+            else:
+                logp = score(out["prompt_ids"][rows], out["prompt_mask"][rows])
+        n = mask.shape[0]
+        logp, logp_pos, logp_neg = logp[:n], logp_pos[:n], logp_neg[:n]
+        self._cscr_scored = (logp, logp_pos, logp_neg)  # for the tests
+        d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
+        weights = tc.cscr_weights(tc.counterfactual_sensitivity(d_pos, d_neg), mask,
+                                  c.cscr_strength, c.cscr_threshold)
+        return weights, tc.shift_diagnostics(d_pos, d_neg, mask)
+
+    CSCR_METRICS = ("same_direction", "sign_reversal", "mean_abs_pos", "mean_abs_neg",
+                    "mean_sensitivity", "mean_abs_common", "mean_abs_differential")
+
+    def _log_cscr(self, diagnostics: list):
+        """tc.shift_diagnostics over every process's re-scored tokens, as cscr/* metrics."""
+        local = [sum(d["num_affected"] for d in diagnostics)]
+        local += [sum(d[k] * d["num_affected"] for d in diagnostics) for k in self.CSCR_METRICS]
+        totals = self.accelerator.reduce(torch.tensor(local, dtype=torch.float64,
+                                                      device=self.accelerator.device),
+                                         reduction="sum").tolist()
+        for key, total in zip(self.CSCR_METRICS, totals[1:]):
+            self._metrics["train"][f"cscr/{key}"].append(total / max(totals[0], 1.0))
 
     def _prepare_inputs(self, generation_batch):
         if self.credit.mode != "group_token" or not self.model.training:
@@ -337,19 +601,32 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         ref_logp = inputs.get("ref_per_token_logps")
         advantages = inputs["advantages"]  # (N,)
         c, training = self.credit, self.model.training
+        weights = inputs.get("tc_weights")  # CSCR's, fixed at generation
         if c.token_weights_fn is not None:
-            weights = c.token_weights_fn(inputs, logp.detach(), entropies.detach(), mask)  # (N, T)
+            more = c.token_weights_fn(inputs, logp.detach(), entropies.detach(), mask)  # (N, T)
+            weights = more if weights is None else weights * more
+        if weights is not None:
             advantages = tc.token_advantages(advantages, weights)  # (N, T)
         G = self.num_generations if training else self.num_generations_eval
-        rows = (self._rows_by_group(inputs["tc_group"], G) if c.mode == "group_token"
-                else slice(None))
+        real = inputs.get("tc_real")  # dynamic sampling: 0 on a short batch's fillers
+        if real is None:
+            rows, n_real = slice(None), None
+        else:
+            rows = real.nonzero().squeeze(1)
+            n_real = rows.numel()
+            if n_real == 0:  # fillers only: their loss is 0 (mask 0), with the stats' keys
+                rows = torch.arange(real.shape[0], device=real.device)
+        if c.mode == "group_token":
+            group = inputs["tc_group"]
+            rows = (self._rows_by_group(group, G) if real is None or n_real == 0
+                    else rows[self._rows_by_group(group[rows], G)])
         loss, stats = tc.policy_loss(
             logp[rows], old_logp[rows], advantages[rows], mask[rows], mode=c.mode,
             eps_low=self.epsilon_low, eps_high=self.epsilon_high, group_size=G, max_len=c.max_len,
             ref_logp=None if ref_logp is None else ref_logp[rows], beta=self.beta,
             surrogate=c.surrogate, ratio_level=c.ratio_level)
-        self._log_stats(stats, entropies, mask, "train" if training else "eval")
-        return loss * self._step_scale(inputs, mask, training)
+        self._log_stats(stats, entropies, mask[rows], "train" if training else "eval", rows)
+        return loss * self._step_scale(inputs, mask, training, n_real)
 
     @staticmethod
     def _rows_by_group(group: torch.Tensor, G: int) -> torch.Tensor:
@@ -362,22 +639,26 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
                              f"normaliser needs whole groups")
         return order
 
-    def _step_scale(self, inputs, mask, training: bool):
-        """From policy_loss's micro-batch normaliser to the optimizer step's (docs/trl.md)."""
+    def _step_scale(self, inputs, mask, training: bool, n_real=None):
+        """From policy_loss's micro-batch normaliser to the optimizer step's (docs/trl.md).
+        n_real: the micro-batch's kept rows under dynamic sampling (None without it)."""
         GA = self.current_gradient_accumulation_steps if training else 1  # no accumulation in eval
+        spg = self.args.steps_per_generation if training else 1
+        P = self.accelerator.num_processes
         if self.credit.mode == "token" and self.credit.token_count == "global":
-            spg = self.args.steps_per_generation if training else 1
-            P = self.accelerator.num_processes
             step_tokens = inputs["num_items_in_batch"].clamp(min=1) / P * GA / spg
             return mask.sum().clamp(min=1) / step_tokens  # TRL dapo's count
+        if n_real is not None:  # this micro-batch's share of the kept rows of every process
+            return n_real * P * spg / (inputs["tc_rows"].clamp(min=1) * GA)
         return 1.0 / GA
 
-    def _log_stats(self, stats: dict, entropies, mask, mode: str):
+    def _log_stats(self, stats: dict, entropies, mask, mode: str, rows=slice(None)):
         """tokencredit's stats (means over real tokens) and the entropy, over every process."""
         keys = [k for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl_mean")
                 if k in stats]
         n = stats["num_tokens"]
-        local = [float(n), float((entropies.detach() * mask).sum())] + [stats[k] * n for k in keys]
+        local = [float(n), float((entropies.detach()[rows] * mask).sum())]
+        local += [stats[k] * n for k in keys]
         totals = self.accelerator.reduce(torch.tensor(local, device=mask.device),
                                          reduction="sum").tolist()
         denom = max(totals[0], 1.0)
@@ -390,11 +671,12 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
 # train_tiny's task through TRL: its checkpoint, prompts, verifier and held-out evaluation
 
 def tiny_setup(args, seed: int, updates: int, device, eos_id: int, **config):
-    """GRPOConfig, dataset and reward function for `updates` rollout batches of train_tiny's task,
+    """GRPOConfig, dataset and reward functions for `updates` rollout batches of train_tiny's task,
     set up as train_tiny trains: B x G samples at its temperature (no top-k/p), its budget,
     learning rate, update_epochs optimizer steps per batch, grad clip 1.0, float32. `config`
-    overrides GRPOConfig fields. The reward function appends each batch's mean completion length
-    to verifier.lengths."""
+    overrides GRPOConfig fields. The reward functions: the verifier (first; it appends each
+    batch's mean completion length to verifier.lengths) and, with overlong_shaping, DAPO's soft
+    overlong penalty."""
     import tiny_task
     from datasets import Dataset
     problems = tiny_task.ProblemStream(args, seed).next(args.prompts_per_step * updates)  # in order
@@ -408,6 +690,12 @@ def tiny_setup(args, seed: int, updates: int, device, eos_id: int, **config):
                 else args.reward_wrong for text, ids, t in zip(completions, completion_ids, terms)]
 
     verifier.lengths = lengths
+    reward_funcs = [verifier]
+    if args.overlong_shaping:  # DAPO's soft overlong punishment, a reward of its own: the
+        def overlong(completion_ids, **kwargs):  # dynamic sampling filters on the verifier's
+            lengths = torch.tensor([len(ids) for ids in completion_ids])  # tokens, <eos> too
+            return tc.overlong_penalty(lengths, args.max_new_tokens, args.overlong_cache).tolist()
+        reward_funcs.append(overlong)
     settings = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-tokencredit-"), report_to="none",
         save_strategy="no", disable_tqdm=True, use_cpu=torch.device(device).type == "cpu",
@@ -424,11 +712,14 @@ def tiny_setup(args, seed: int, updates: int, device, eos_id: int, **config):
         # GRPOConfig defaults to bf16 autocast and activation checkpointing; train_tiny runs in
         # float32 and keeps its activations
         bf16=False, fp16=False, activation_checkpointing=False)
-    return GRPOConfig(**{**settings, **config}), dataset, verifier
+    return GRPOConfig(**{**settings, **config}), dataset, reward_funcs
 
 
 METHOD_FLAGS = ("loss_mode", "adv_scale", "baseline", "surrogate", "ratio_level", "eps_low",
-                "eps_high", "beta", "entropy_top", "device", "log_every")
+                "eps_high", "beta", "entropy_top", "reward_correct", "reward_wrong",
+                "dynamic_sampling", "max_sampling_rounds", "overlong_shaping", "overlong_cache",
+                "cscr_strength", "cscr_threshold", "cond_pos", "cond_neg", "device", "log_every")
+NOT_BRIDGED = ("opsd",)  # self-distillation: no loss of TRL's GRPOTrainer to put it in
 
 
 def parse_args(argv=None):
@@ -443,24 +734,35 @@ def parse_args(argv=None):
                "flags are train_tiny's, with its defaults.\nSee docs/trl.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tt.add_arguments(parser, METHOD_FLAGS)
+    presets = [name for name in tt.PRESETS if name not in NOT_BRIDGED]
+    parser.add_argument("--preset", choices=presets, default=None,
+                        help="one of train_tiny's presets (its flags given override it); "
+                             "default: train_tiny's defaults (GRPO)")
     parser.add_argument("--steps", type=int, default=60,
                         help="rollout batches (train_tiny's policy updates) (default: 60)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the prompts and the sampling (default: 0)")
     opt = vars(parser.parse_args(argv))
-    steps, seed = opt.pop("steps"), opt.pop("seed")
-    args = dataclasses.replace(tt.Args(), **opt)  # train_tiny's defaults, then the flags given
+    steps, seed, preset = opt.pop("steps"), opt.pop("seed"), opt.pop("preset")
+    preset = tt.PRESETS[preset] if preset else {}
+    args = dataclasses.replace(tt.Args(), **{**preset, **opt})  # the preset, then the flags
     if steps < 1:
         parser.error(f"--steps must be >= 1, got {steps}")
     return args, argparse.Namespace(steps=steps, seed=seed)
 
 
 def tiny_credit(args) -> Credit:
-    """train_tiny's method as a Credit: every choice given, with train_tiny's eps (1e-6)."""
-    top = args.entropy_top
+    """train_tiny's method as a Credit: every choice given, with train_tiny's eps (1e-6), its
+    dynamic sampling (on the verifier) and CSCR (strength 0: off, as in train_tiny)."""
+    top, cscr = args.entropy_top, args.cscr_strength > 0
     return Credit(mode=args.loss_mode, surrogate=args.surrogate, ratio_level=args.ratio_level,
                   adv_scale=args.adv_scale, baseline=args.baseline, adv_eps=1e-6,
-                  token_weights_fn=None if top == 1 else high_entropy_weights(top))
+                  token_weights_fn=None if top == 1 else high_entropy_weights(top),
+                  dynamic_sampling=args.dynamic_sampling, max_rounds=args.max_sampling_rounds,
+                  filter_reward="verifier" if args.dynamic_sampling else None,
+                  cscr_strength=args.cscr_strength if cscr else None,
+                  cscr_threshold=args.cscr_threshold, cond_pos=args.cond_pos if cscr else None,
+                  cond_neg=args.cond_neg if cscr else None)
 
 
 def main(argv=None) -> dict:
@@ -491,8 +793,8 @@ def main(argv=None) -> dict:
     print(f"start: held-out greedy {start['accuracy']:.3f}, sampled "
           f"{start['sampled_accuracy']:.3f}", flush=True)
 
-    config, dataset, verifier = tiny_setup(args, opt.seed, opt.steps, device,
-                                           tokenizer.eos_token_id)
+    config, dataset, reward_funcs = tiny_setup(args, opt.seed, opt.steps, device,
+                                               tokenizer.eos_token_id)
     begin = time.time()
 
     class Progress(TrainerCallback):
@@ -500,13 +802,15 @@ def main(argv=None) -> dict:
             batch = state.global_step // args.update_epochs
             if logs and "reward" in logs and (batch % args.log_every == 0
                                               or batch in (1, opt.steps)):
+                rounds = (f" rounds {logs['ds/rounds']:.0f} kept {logs['ds/groups_kept']:.0f}"
+                          if "ds/rounds" in logs else "")
                 print(f"batch {batch:3d}/{opt.steps} reward {logs['reward']:.2f} length "
                       f"{logs.get('completions/mean_length', float('nan')):.1f} entropy "
                       f"{logs['entropy']:.3f} clip low {logs.get('tc/clip_frac_low', 0):.3f} "
-                      f"high {logs.get('tc/clip_frac_high', 0):.3f} "
+                      f"high {logs.get('tc/clip_frac_high', 0):.3f}{rounds} "
                       f"({time.time() - begin:.0f} s)", flush=True)
 
-    trainer = TokenCreditGRPOTrainer(model=model, reward_funcs=verifier, args=config,
+    trainer = TokenCreditGRPOTrainer(model=model, reward_funcs=reward_funcs, args=config,
                                      train_dataset=dataset, processing_class=tokenizer,
                                      callbacks=[Progress()], credit=credit)
     for callback in (PrinterCallback, ProgressCallback):
@@ -515,10 +819,13 @@ def main(argv=None) -> dict:
     wall = time.time() - begin
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
     end = tt.evaluate(model, tokenizer, args, held_out, model.device)
-    print(f"end after {opt.steps} rollout batches ({wall:.0f} s): held-out greedy "
+    rounds = [r["ds/rounds"] for r in trainer.state.log_history if "ds/rounds" in r]
+    rounds = statistics.mean(rounds) if rounds else 1.0  # per rollout batch (= update)
+    print(f"end after {opt.steps} rollout batches ({wall:.0f} s, {wall / opt.steps:.2f} s and "
+          f"{rounds:.2f} generation rounds per batch): held-out greedy "
           f"{start['accuracy']:.3f} -> {end['accuracy']:.3f}, sampled "
           f"{start['sampled_accuracy']:.3f} -> {end['sampled_accuracy']:.3f}")
-    return dict(start=start, end=end, wall_s=wall)
+    return dict(start=start, end=end, wall_s=wall, rounds=rounds)
 
 
 if __name__ == "__main__":
