@@ -301,7 +301,7 @@ def test_hidden_token_advantages():
     g = draw(34)
     _, _, N, T = shapes(g)
     adv = torch.randn(N, generator=g, dtype=F64)
-    for weights in (torch.rand(N, T, generator=g, dtype=F64),
+    for weights in (3 * torch.rand(N, T, generator=g, dtype=F64),  # as cscr_weights: mean ~1
                     torch.randint(0, 2, (N, T), generator=g).double()):  # a 0/1 keep mask
         got = tc.token_advantages(adv, weights)
         assert torch.allclose(got, ref_token_advantages(adv, weights), atol=1e-12)
