@@ -120,9 +120,10 @@ CORRECT = (  # other correct solutions, each at full marks: (exercise, what, edi
 ENDLESS = (2, "an endless loop in fill_batch", (
     ("while n_kept < batch_size and rounds < max_rounds:", "while True:"),))
 
+# what a handout holds: not the other solutions, nor onestep.md (lab questions 1, 2): below
 HANDOUT = ("tokencredit.py", TESTS, "train_tiny.py", "tiny_task.py", "lab.py", "course.py",
            "requirements.txt", "LICENSE", "docs/course.md", "docs/lab.md", "docs/credit.png",
-           "results")  # not the other solutions, nor onestep.md (lab questions 1, 2): below
+           "docs/paired-token.png", "results")
 LEFT_OUT = ("onestep.md", "test_hidden.py", "test_translation.py", "trl_tokencredit.py", "test_trl_tokencredit.py",
             "bench.py",
             "test_course.py", "test_docs.py", "test_train_tiny.py", "docs/speed.md",
