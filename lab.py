@@ -859,6 +859,12 @@ def pair_up(base: tuple, other: tuple) -> tuple:
     return seeds, changed
 
 
+def seed_run(side: tuple, seed: int) -> dict:
+    """The record of side's method trained with seed."""
+    run, method = side
+    return next(r for r in run["runs"] if r["method"] == method and r["seed"] == seed)
+
+
 def describe_knob(changed: dict) -> str:
     return ", ".join(f"{k} {b!r} -> {o!r}" for k, (b, o) in changed.items())
 
@@ -877,9 +883,7 @@ def paired_rows(base: tuple, other: tuple, seeds: List[int]) -> list:
     """One dict per measure, in table order: its label, digits, the per-seed differences
     OTHER - BASE and their paired_stats."""
     def measures(side):
-        run, method = side
-        by_seed = {r["seed"]: r for r in run["runs"] if r["method"] == method}
-        return [seed_measures(by_seed[s], run["start"]) for s in seeds]
+        return [seed_measures(seed_run(side, s), side[0]["start"]) for s in seeds]
     b, o = measures(base), measures(other)
     steps = len(base[0]["runs"][0]["updates"]["step"])
     windows = dict(early=f"updates 1-{EARLY}", whole=f"updates 1-{steps}", end="at the end")
@@ -900,8 +904,7 @@ def paired(base: tuple, other: tuple) -> dict:
     seeds, changed = pair_up(base, other)
 
     def first(side, seed):
-        run, method = side
-        u = next(r for r in run["runs"] if r["method"] == method and r["seed"] == seed)["updates"]
+        u = seed_run(side, seed)["updates"]
         return [u[k][0] for k in ("accuracy", "length", "truncated_frac")]
     return dict(base=base, other=other, seeds=seeds, changed=changed,
                 same_first_batch=sum(first(base, s) == first(other, s) for s in seeds),
@@ -949,11 +952,10 @@ def plot_compare(p: dict, path: str) -> None:
     base, other, seeds = p["base"], p["other"], p["seeds"]
 
     def series(side, seed, key):
-        run, method = side
-        r = next(r for r in run["runs"] if r["method"] == method and r["seed"] == seed)
+        r = seed_run(side, seed)
         if key == "sampled_accuracy":  # held-out, from the shared start (difference 0)
             steps = sorted(map(int, r["evals"]))
-            return [0] + steps, [run["start"][key]] + [r["evals"][str(s)][key] for s in steps]
+            return [0] + steps, [side[0]["start"][key]] + [r["evals"][str(s)][key] for s in steps]
         return r["updates"]["step"], r["updates"][key]
     panels = [(key, label, 5) for key, label, _ in PAIRED_SERIES]
     panels.append(("sampled_accuracy", "held-out sampled accuracy", 1))
