@@ -5,6 +5,7 @@
   python course.py grade-all DIR [--set NAME] [--csv FILE] [--gradescope-dir OUT]   a class
   python course.py gradescope OUT.zip --set NAME           a Gradescope autograder bundle
   python course.py list [--set NAME]                       each exercise's functions and tests
+  python course.py plants DIR                              selfcheck's plants as a class to grade
   python course.py answers [FILE]                          the sheet's answers, for the instructor
   python course.py selfcheck                               the grader's own checks (CI runs it)
 
@@ -1028,6 +1029,26 @@ def cmd_list(set_name) -> None:
             print(f"  and {len(plan[k]['waiting'])} tests that also need a later exercise")
 
 
+def cmd_plants(out: str) -> None:
+    """selfcheck's plants as a class to grade: one submission per planted mistake, other correct
+    solution and the endless loop, each the reference with that one edit."""
+    if not MISTAKES:
+        raise SystemExit("course.py: a handout holds no planted mistakes; run this in the repository")
+    if os.path.exists(out) and os.listdir(out):
+        raise SystemExit(f"course.py: {out} exists and is not empty; name a new folder")
+    os.makedirs(out, exist_ok=True)
+    reference = read(os.path.join(HERE, "tokencredit.py"))
+    plants = MISTAKES + CORRECT + (ENDLESS,)
+    for i, (k, what, edits) in enumerate(plants, 1):
+        slug = re.sub(r"[^a-z0-9]+", "-", what.lower().replace(">", "above")).strip("-")
+        name = f"{i:02d}-ex{k}-{slug[:40]}"
+        with open(os.path.join(out, name + ".py"), "w") as f:
+            f.write(apply_edits(reference, edits))
+    print(f"wrote {len(plants)} submissions to {out}: {len(MISTAKES)} planted mistakes, "
+          f"{len(CORRECT)} other correct solutions, 1 endless loop (exercise {ENDLESS[0]}); "
+          f"the file name says which exercise each should cost")
+
+
 def cmd_answers(out) -> None:
     _, found = strip_answers(read(os.path.join(HERE, "docs", "course.md")))
     if not found:
@@ -1266,6 +1287,9 @@ def main(argv=None) -> None:
     auto.add_argument("--root", default="/autograder")
     list_ = commands.add_parser("list", help="each exercise's functions and their tests")
     list_.add_argument("--set", choices=SETS)
+    plants = commands.add_parser("plants", help="write selfcheck's planted mistakes as a class "
+                                 "to grade (try grade-all on it)")
+    plants.add_argument("dir", help="a new or empty folder")
     answers = commands.add_parser("answers", help="the sheet's answers (left out of a handout)")
     answers.add_argument("file", nargs="?", help="write them here (default: print them)")
     commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
@@ -1283,6 +1307,8 @@ def main(argv=None) -> None:
         cmd_autograde(args.root)
     elif args.command == "list":
         cmd_list(args.set)
+    elif args.command == "plants":
+        cmd_plants(args.dir)
     elif args.command == "answers":
         cmd_answers(args.file)
     else:

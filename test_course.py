@@ -213,3 +213,14 @@ def test_grade_all_writes_a_row_per_student_and_a_column_per_exercise(tmp_path):
     assert float(rows[1]["exercise 3"]) < 10 and rows[1]["exercise 5"] == "10.00"
     assert rows[0]["total"] == "30.00" and "SyntaxError" in rows[2]["notes"]
     assert (tmp_path / "gs" / "bob" / "results.json").exists()
+
+
+def test_plants_writes_one_submission_per_plant_named_by_its_exercise(tmp_path):
+    course.main(["plants", str(tmp_path / "class")])
+    files = sorted((tmp_path / "class").iterdir())
+    plants = course.MISTAKES + course.CORRECT + (course.ENDLESS,)
+    assert len(files) == len(plants) == 20
+    for path, (k, _, edits) in zip(files, plants):
+        assert f"-ex{k}-" in path.name and path.read_text() == course.apply_edits(REFERENCE, edits)
+    with pytest.raises(SystemExit, match="not empty"):
+        course.main(["plants", str(tmp_path / "class")])
