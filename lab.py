@@ -1,4 +1,4 @@
-"""lab.py: runs train_tiny.py's RL loop and measures it, in the order the README tells it.
+"""lab.py: runs train_tiny.py's RL loop and measures it, one question at a time.
 
 0. Is the right answer within reach of sampling?     pass_at_group
 1. Does RL fix the warm-up's mistakes?               the results table, rollout figures, curves.png
@@ -9,8 +9,8 @@ Questions 0, 2 and 3 are asked of the starting policy, on the first held-out pro
 random streams. Every table title printed here can be searched for in this file.
 
     python lab.py --quick                       # train_tiny.py --quick, then every measurement
-    python lab.py --seeds 0,1,2 --name readme   # the README's results (any train_tiny argument)
-    python lab.py knobs --seeds 0,1,2           # the one-knob runs of the README's second table
+    python lab.py --seeds 0,1,2 --name readme   # the results table (any train_tiny argument)
+    python lab.py knobs --seeds 0,1,2           # the one-knob runs, each knob on its own
     python lab.py report results/*.json         # every table again, from saved results
     python lab.py report runs/NAME --save results/    # a run's results, compacted for keeping
     python lab.py compare results/A.json results/B.json     # B - A, seed by seed, and a picture
@@ -319,7 +319,7 @@ KNOBS = [  # (row label, saved run, method in it, train_tiny arguments of that r
 
 
 def run_knobs(argv: List[str]) -> dict:
-    """Each knob's run, with the extra arguments given (--seeds 0,1,2 for the README's)."""
+    """Each knob's run, with the extra arguments given (--seeds 0,1,2 for the committed ones)."""
     if "-h" in argv or "--help" in argv:
         print("usage: python lab.py knobs [train_tiny arguments, e.g. --seeds 0,1,2]\n\nTrains "
               "each run of the one-knob table into runs/NAME\n(python lab.py report runs/readme "

@@ -245,8 +245,24 @@ def test_overlong_penalty_hand_worked():
     got = tc.overlong_penalty(lengths, max_len=16, cache_len=4)
     assert torch.allclose(got, torch.tensor([0.0, 0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]))
     assert torch.allclose(got, ref_overlong_penalty(lengths, 16, 4))
-    many = tc.overlong_penalty(torch.arange(0, 40), max_len=30, cache_len=7)
-    assert many.min() >= -1 and many.max() <= 0 and (many[1:] <= many[:-1]).all()  # never rewards length
+
+
+def test_overlong_penalty_matches_the_loop_reference():
+    """The ramp over every length from 0 to past the budget, a soft zone of 1 token and one as
+    long as the budget (it starts at 0), and float lengths."""
+    for max_len, cache_len in ((30, 7), (16, 16), (5, 1)):
+        lengths = torch.arange(0, max_len + 4)
+        assert torch.allclose(tc.overlong_penalty(lengths, max_len, cache_len),
+                              ref_overlong_penalty(lengths, max_len, cache_len).float())
+    lengths = torch.tensor([11.5, 12.0, 14.5, 16.0, 16.5])
+    assert torch.allclose(tc.overlong_penalty(lengths, 16, 4), torch.tensor([0, 0, -0.625, -1, -1.0]))
+
+
+def test_overlong_penalty_is_a_float_in_minus_1_to_0_that_never_rewards_length():
+    many = tc.overlong_penalty(torch.arange(0, 40), max_len=30, cache_len=7)  # int64 lengths
+    assert many.dtype == torch.float32 and tuple(many.shape) == (40,)
+    assert many.min() == -1 and many.max() == 0 and (many[1:] <= many[:-1]).all()
+    assert (many[:24] == 0).all() and (many[30:] == -1).all()  # 0 up to 30 - 7, -1 from 30 on
 
 
 def test_group_advantages_hand_worked():
@@ -443,6 +459,14 @@ def test_policy_gradient_surrogate_gradient_is_minus_the_advantage():
         assert torch.equal(logp.grad, -(adv if adv.dim() == 2 else adv[:, None].expand(3, 4)))
 
 
+def test_policy_gradient_surrogate_gives_each_response_its_advantage_on_every_token():
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.25, -3.0, -1.0]], dtype=torch.float64)
+    got = tc.policy_gradient_surrogate(logp, torch.tensor([1.5, -2.0], dtype=torch.float64))
+    # -A_i log pi: row 1 with A = 1.5, row 2 with A = -2
+    expected = torch.tensor([[1.5, 0.75, 3.0], [-0.5, -6.0, -2.0]], dtype=torch.float64)
+    assert got.dtype == torch.float64 and torch.equal(got, expected)
+
+
 def test_importance_ratio_ignores_padding_garbage_in_value_and_gradient():
     """NaN or inf in padding (of logp or old_logp) gives ratio 1 there and a finite gradient 0;
     the real tokens' ratios and gradients are those of clean inputs."""
@@ -460,6 +484,28 @@ def test_importance_ratio_ignores_padding_garbage_in_value_and_gradient():
             assert torch.allclose(ratio, expected, atol=1e-12) and (ratio[~mask] == 1).all()
             ratio.sum().backward()
             assert torch.allclose(logp.grad, torch.where(mask, expected, 0.0), atol=1e-12)
+
+
+def test_importance_ratio_hand_worked():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.2, 0.2, 0.2]]))
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.1], [0.4, 0.2, 0.8]]))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    # 0.5 / 0.25 = 2, 0.25 / 0.5 = 0.5, padding 1 (not 9); 0.5, 1, 0.25
+    assert torch.allclose(tc.importance_ratio(logp, old, mask),
+                          torch.tensor([[2.0, 0.5, 1.0], [0.5, 1.0, 0.25]]))
+
+
+def test_importance_ratio_old_logp_is_a_constant():
+    """No gradient reaches old_logp, even when it carries one; logp's is the ratio (d rho / d
+    logp = rho) on real tokens and 0 on padding."""
+    g = torch.Generator().manual_seed(35)
+    mask = random_mask(3, 5, g)
+    logp = (-torch.rand(3, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    old = (-torch.rand(3, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    ratio = tc.importance_ratio(logp, old, mask)
+    ratio.sum().backward()
+    assert old.grad is None or (old.grad == 0).all()
+    assert torch.allclose(logp.grad, torch.where(mask, ratio.detach(), 0.0), atol=1e-12)
 
 
 def test_importance_ratio_per_token_and_per_sequence():
@@ -518,6 +564,18 @@ def test_clipped_surrogate_gradient_is_reinforces_inside_and_0_where_clipped():
                           ref_clipped_surrogate(ratio, adv, 0.2, 0.28))
 
 
+def test_clipped_surrogate_matches_the_loop_reference_for_each_clip_range():
+    """GRPO's one eps, Clip-Higher, and both clips off; advantages per response and per token."""
+    g = torch.Generator().manual_seed(36)
+    ratio = torch.exp(0.5 * torch.randn(6, 7, generator=g, dtype=torch.float64))
+    for adv in (torch.randn(6, generator=g, dtype=torch.float64),
+                torch.randn(6, 7, generator=g, dtype=torch.float64)):
+        for eps_low, eps_high in ((0.2, 0.2), (0.2, 0.28), (0.1, 0.5), (10.0, float("inf"))):
+            assert torch.allclose(tc.clipped_surrogate(ratio, adv, eps_low, eps_high),
+                                  ref_clipped_surrogate(ratio, adv, eps_low, eps_high),
+                                  atol=1e-12)
+
+
 def test_kl_k3_value_and_the_direction_of_its_gradient():
     logp = torch.tensor([[math.log(0.5), math.log(0.25)]])
     ref = torch.tensor([[math.log(0.5), math.log(0.5)]])
@@ -539,6 +597,18 @@ def test_kl_k3_value_and_the_direction_of_its_gradient():
     grad_pi_ref, = torch.autograd.grad(kl_pi_ref, logits)
     assert torch.allclose(expected_grad, grad_ref_pi, atol=1e-12)  # the gradient is KL(ref || pi)'s
     assert not torch.allclose(expected_grad, grad_pi_ref, atol=1e-3)
+
+
+def test_kl_k3_matches_the_loop_reference():
+    """Both directions (ref above and below logp), far and near r = 1, in float64 and float32."""
+    g = torch.Generator().manual_seed(37)
+    logp = -3 * torch.rand(5, 8, generator=g, dtype=torch.float64)
+    ref = logp + torch.randn(5, 8, generator=g, dtype=torch.float64) * torch.tensor([3.0, 1e-3])[
+        torch.arange(8) % 2]
+    expected = ref_kl_k3(logp, ref)
+    assert torch.allclose(tc.kl_k3(logp, ref), expected, rtol=1e-10, atol=0)
+    assert torch.allclose(tc.kl_k3(logp.float(), ref.float()).double(), expected, rtol=1e-3,
+                          atol=1e-6)
 
 
 def test_kl_k3_is_not_clamped_and_is_exact_near_r_1():
@@ -933,6 +1003,16 @@ def test_cscr_weights_match_the_loop_reference_and_keep_budget_and_sign():
     assert torch.isfinite(huge).all() and huge.sum().item() == pytest.approx(3.0)  # no underflow to 0/0
 
 
+def test_token_advantages_hand_worked():
+    adv = torch.tensor([2.0, -1.0, 0.0])
+    weights = torch.tensor([[0.5, 1.5, 0.0], [1.0, 1.0, 1.0], [2.0, 0.0, 1.0]])
+    # A_i on each token, times its weight: sign and sum_t w_t A_i kept
+    assert torch.equal(tc.token_advantages(adv, weights),
+                       torch.tensor([[1.0, 3.0, 0.0], [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]]))
+    keep = torch.tensor([[0.0, 1.0, 0.0]])  # high_entropy_mask's weights: A_i where kept, else 0
+    assert torch.equal(tc.token_advantages(torch.tensor([-2.0]), keep), torch.tensor([[0.0, -2.0, 0.0]]))
+
+
 def test_cscr_strength_zero_is_grpo():
     g = torch.Generator().manual_seed(13)
     mask, s = random_mask(8, 7, g), torch.rand(8, 7, generator=g) * 4
@@ -981,6 +1061,17 @@ def test_counterfactual_shifts_are_0_on_padding_whatever_sits_there():
     d_pos, d_neg = expected
     assert torch.equal(tc.counterfactual_sensitivity(d_pos, d_neg),
                        ref_counterfactual_sensitivity(d_pos, d_neg))
+
+
+def test_counterfactual_shifts_hand_worked_two_responses_of_unequal_length_and_an_empty_one():
+    logp = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -0.5, -9.0], [-1.0, -1.0, -1.0]])
+    pos = torch.tensor([[-0.5, -1.0, -4.0], [-1.0, -1.5, 0.0], [0.0, 0.0, 0.0]])
+    neg = torch.tensor([[-1.5, -3.0, -1.0], [-2.0, -0.25, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    d_pos, d_neg = tc.counterfactual_shifts(logp, pos, neg, mask)
+    # d+ = log pi(. | c+) - log pi: c+ raises token 1 of response 1 (+0.5), lowers its token 3 (-3)
+    assert torch.allclose(d_pos, torch.tensor([[0.5, 0.0, -3.0], [1.0, -1.0, 0.0], [0.0] * 3]))
+    assert torch.allclose(d_neg, torch.tensor([[-0.5, -2.0, 0.0], [0.0, 0.25, 0.0], [0.0] * 3]))
 
 
 def test_token_entropy_hand_worked_and_loop():
