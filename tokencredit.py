@@ -127,8 +127,9 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     """DAPO's dynamic sampling: sample rounds of groups, keep the informative ones.
 
     sample_groups() returns a dict of tensors sharing a leading dimension (that round's groups).
-    A group is kept where informative_groups(groups[filter_key]). The surplus beyond batch_size is
-    dropped; after max_rounds calls it returns what it has, maybe fewer. DAPO keeps
+    A group is kept where informative_groups(groups[filter_key]), in the order sampled; the surplus
+    beyond batch_size is dropped. After max_rounds calls it returns what it has, maybe fewer, maybe
+    none (then each tensor has 0 groups and the last round's other dimensions). DAPO keeps
     0 < #correct < G: filter on the verdicts ("correct"), not a shaped reward.
     Returns: (batch, stats): rounds (calls made), groups_seen (groups sampled), groups_informative
     (of those, the informative, surplus included), groups_kept (in batch), full (1 if batch_size).
