@@ -224,3 +224,17 @@ def test_plants_writes_one_submission_per_plant_named_by_its_exercise(tmp_path):
         assert f"-ex{k}-" in path.name and path.read_text() == course.apply_edits(REFERENCE, edits)
     with pytest.raises(SystemExit, match="not empty"):
         course.main(["plants", str(tmp_path / "class")])
+
+
+def test_the_handout_scan_finds_a_pointer_to_a_left_out_file_in_any_page_or_script(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "tokencredit.py").write_text(course.blank(REFERENCE, (1,)))
+    tests = course.read(course.os.path.join(course.HERE, course.TESTS))
+    (tmp_path / course.TESTS).write_text(course.snapshot_tests(tests))
+    (tmp_path / "README.md").write_text("Left out: the project's README, docs/speed.md.\n")
+    (tmp_path / "docs" / "lab.md").write_text("The tables are in the README's section 4.\n")
+    (tmp_path / "requirements.txt").write_text("# see docs/speed.md\ntorch\n")
+    (tmp_path / "lab.py").write_text('"""the order the README tells it"""\n')
+    found = course.scan_handout(str(tmp_path), REFERENCE, (1,), [])
+    assert sorted(p.split(" points to ")[0] for p in found) == ["docs/lab.md", "lab.py",
+                                                               "requirements.txt"], found
