@@ -871,9 +871,14 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str, mappin
             f.write(text)
 
 
-def cmd_handout(out: str, set_name: str, answers: bool) -> None:
+def new_folder(out: str) -> None:
+    """Stop unless `out` is a new or empty folder: a handout or a class is never written over."""
     if os.path.exists(out) and os.listdir(out):
         raise SystemExit(f"course.py: {out} exists and is not empty; name a new folder")
+
+
+def cmd_handout(out: str, set_name: str, answers: bool) -> None:
+    new_folder(out)
     reference, mapping, _, _, in_handout = setting()
     if in_handout:
         raise SystemExit("course.py: make a handout from the repository, not from a handout")
@@ -1036,8 +1041,7 @@ def cmd_plants(out: str) -> None:
     solution and the endless loop, each the reference with that one edit."""
     if not MISTAKES:
         raise SystemExit("course.py: a handout holds no planted mistakes; run this in the repository")
-    if os.path.exists(out) and os.listdir(out):
-        raise SystemExit(f"course.py: {out} exists and is not empty; name a new folder")
+    new_folder(out)
     os.makedirs(out, exist_ok=True)
     reference = read(os.path.join(HERE, "tokencredit.py"))
     plants = MISTAKES + CORRECT + (ENDLESS,)
