@@ -122,12 +122,12 @@ ENDLESS = (2, "an endless loop in fill_batch", (
     ("while n_kept < batch_size and rounds < max_rounds:", "while True:"),))
 
 # what a handout holds: not the other solutions, nor onestep.md (lab questions 1, 2): below
-HANDOUT = ("tokencredit.py", TESTS, "train_tiny.py", "tiny_task.py", "lab.py", "course.py",
+HANDOUT = ("tokencredit.py", TESTS, "train_tiny.py", "tiny_task.py", "lab", "course.py",
            "requirements.txt", "LICENSE", "docs/course.md", "docs/lab.md", "docs/credit.png",
            "docs/paired-token.png", "results")
-LEFT_OUT = ("onestep.md", "test_hidden.py", "test_translation.py", "trl_tokencredit.py", "test_trl_tokencredit.py",
-            "bench.py",
-            "test_course.py", "test_docs.py", "test_train_tiny.py", "docs/speed.md",
+LEFT_OUT = ("onestep.md", "tests/test_hidden.py", "tests/test_translation.py", "trl_bridge",
+            "tests/test_trl_tokencredit.py", "bench", "test_course.py", "tests/test_docs.py",
+            "tests/test_train_tiny.py", "docs/speed.md",
             "docs/translation.md", "docs/trl.md", "README.md")
 DOC_EDITS = (  # a handout's pages stand on their own: what they say of the files it leaves out
     ("in the order the README tells it:", "in this order:"),

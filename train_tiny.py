@@ -3,7 +3,7 @@
 The RL loop top to bottom: arguments and presets, rollouts, train_step (rollout -> rewards ->
 advantages -> per-token credit -> K updates -> record), evaluation, main. The task (adding 2 to 5
 one-digit numbers by partial sums, "6+9+8=" -> "6+9=15,15+8=23>23<eos>"), its exact verifier
-and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab.py
+and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab/lab.py
 runs this loop and measures it.
 
     python train_tiny.py --quick        # a first look: GRPO on a smaller task, about 45 s
@@ -55,7 +55,7 @@ class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     micro_batches: int = arg(0, "the update's forward in this many groups of similar length "
                                 "(0: 4 on a CPU, 1 on a GPU)")
     log_every: int = arg(5, "policy updates between progress lines")
-    one_step_lr: float = arg(0.01, "learning rate of lab.py's single plain-SGD step")
+    one_step_lr: float = arg(0.01, "learning rate of lab/lab.py's single plain-SGD step")
     # the method: set by the presets; any of them given here overrides every preset
     adv_scale: str = arg("std", "group advantage: / the group's std (GRPO), batch, none")
     baseline: str = arg("mean", "group advantage: - the group's mean (GRPO) or leave_one_out")

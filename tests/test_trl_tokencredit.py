@@ -1,6 +1,6 @@
-"""trl_tokencredit.py against TRL 1.16's own GRPOTrainer (needs TRL; skipped without it).
+"""trl_bridge/trl_tokencredit.py against TRL 1.16's own GRPOTrainer (needs TRL; skipped without it).
 
-    .venv-bench/bin/python -m pytest -q test_trl_tokencredit.py      # -s prints the differences
+    .venv-bench/bin/python -m pytest -q tests/test_trl_tokencredit.py      # -s prints the differences
 
 Every model here is built in code from a config (random weights, nothing downloaded): train_tiny's
 tiny GPT-2 unless a test names another family. A rollout batch is built the way TRL's
@@ -29,7 +29,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 import tokencredit as tc  # noqa: E402
 import tiny_task  # noqa: E402
 import train_tiny as tt  # noqa: E402
-from trl_tokencredit import (Credit, TokenCreditGRPOTrainer, high_entropy_weights,  # noqa: E402
+from trl_bridge.trl_tokencredit import (Credit, TokenCreditGRPOTrainer, high_entropy_weights,  # noqa: E402
                              resolve_credit)
 
 TINY = tt.Args(n_layer=1, n_embd=32, n_head=2)
@@ -987,7 +987,7 @@ def test_smoke_training_with_dynamic_sampling_cscr_and_accumulation(tokenizer):
 def test_the_script_runs_train_tinys_presets():
     """--preset dapo / cscr: train_tiny's preset as a Credit and reward functions, flags given
     override it."""
-    import trl_tokencredit as bridge
+    from trl_bridge import trl_tokencredit as bridge
     args, opt = bridge.parse_args(["--preset", "dapo", "--steps", "3", "--eps-high", "0.3"])
     expected = {**tt.PRESETS["dapo"], "eps_high": 0.3}
     assert {k: getattr(args, k) for k in expected} == expected and opt.steps == 3
@@ -1010,7 +1010,7 @@ def test_the_script_runs_train_tinys_presets():
 
 
 # -----------------------------------------------------------------------------
-# two processes (not a pytest test): torchrun --nproc_per_node 2 test_trl_tokencredit.py
+# two processes (not a pytest test): torchrun --nproc_per_node 2 tests/test_trl_tokencredit.py
 # (docs/trl.md has its output). Global fill over rounds where the informative groups sit on
 # one process: both keep the same groups, process 0 trains on process 1's rows, nothing hangs.
 

@@ -1,4 +1,4 @@
-"""Tests for tiny_task.py, train_tiny.py and lab.py: the task and its verifier, sampling and scoring, the training
+"""Tests for tiny_task.py, train_tiny.py and lab/lab.py: the task and its verifier, sampling and scoring, the training
 path, the lab's measurements, the command line, and one real run that must learn.
 
 Tests that compare numbers across runs ask for --device cpu; the others accept what auto picks.
@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-import lab
+from lab import lab
 import tokencredit as tc
 import tiny_task
 import train_tiny as tt
@@ -504,7 +504,7 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
 
 def test_command_line_error_is_one_line():
     done = subprocess.run([sys.executable, "train_tiny.py", "--methods", "ppo"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.abspath(__file__)))
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith("train_tiny.py: error: --methods: unknown method 'ppo'")
 

@@ -1,4 +1,4 @@
-"""lab.py: runs train_tiny.py's RL loop and measures it, one question at a time.
+"""The lab (python -m lab): runs train_tiny.py's RL loop and measures it, one question at a time.
 
 0. Is the right answer within reach of sampling?     pass_at_group
 1. Does RL fix the warm-up's mistakes?               the results table, rollout figures, curves.png
@@ -8,12 +8,12 @@
 Questions 0, 2 and 3 are asked of the starting policy, on the first held-out prompts, from fixed
 random streams. Every table title printed here can be searched for in this file.
 
-    python lab.py --quick                       # train_tiny.py --quick, then every measurement
-    python lab.py --seeds 0,1,2 --name readme   # the results table (any train_tiny argument)
-    python lab.py knobs --seeds 0,1,2           # the one-knob runs, each knob on its own
-    python lab.py report results/*.json         # every table again, from saved results
-    python lab.py report runs/NAME --save results/    # a run's results, compacted for keeping
-    python lab.py compare results/A.json results/B.json     # B - A, seed by seed, and a picture
+    python -m lab --quick                       # train_tiny.py --quick, then every measurement
+    python -m lab --seeds 0,1,2 --name readme   # the results table (any train_tiny argument)
+    python -m lab knobs --seeds 0,1,2           # the one-knob runs, each knob on its own
+    python -m lab report results/*.json         # every table again, from saved results
+    python -m lab report runs/NAME --save results/    # a run's results, compacted for keeping
+    python -m lab compare results/A.json results/B.json     # B - A, seed by seed, and a picture
 """
 
 import argparse
@@ -44,8 +44,8 @@ def main(argv=None) -> dict:
     if argv[:1] and argv[0] in commands:
         return commands[argv[0]](argv[1:])
     if "-h" in argv or "--help" in argv:  # the lab's commands, then the training arguments
-        print(__doc__.strip() + "\n\nEach command has its own --help (python lab.py compare "
-              "--help).\nThe training arguments, which python lab.py passes to train_tiny.py:\n")
+        print(__doc__.strip() + "\n\nEach command has its own --help (python -m lab compare "
+              "--help).\nThe training arguments, which python -m lab passes to train_tiny.py:\n")
     results = tt.main(argv)  # the RL runs: prints the progress and the accuracy before and after
     out_dir = os.path.join("runs", results["config"]["name"])
     args = tt.Args(**results["config"])
@@ -321,8 +321,8 @@ KNOBS = [  # (row label, saved run, method in it, train_tiny arguments of that r
 def run_knobs(argv: List[str]) -> dict:
     """Each knob's run, with the extra arguments given (--seeds 0,1,2 for the committed ones)."""
     if "-h" in argv or "--help" in argv:
-        print("usage: python lab.py knobs [train_tiny arguments, e.g. --seeds 0,1,2]\n\nTrains "
-              "each run of the one-knob table into runs/NAME\n(python lab.py report runs/readme "
+        print("usage: python -m lab knobs [train_tiny arguments, e.g. --seeds 0,1,2]\n\nTrains "
+              "each run of the one-knob table into runs/NAME\n(python -m lab report runs/readme "
               "runs/knob-* prints the table):\n" + "\n".join(
                   f"  {name:<22} {knob}" for _, name, _, knob in KNOBS if knob))
         return {}
@@ -341,10 +341,10 @@ def format_knobs(runs: Dict[str, dict]) -> str:
 
 
 def report(argv: List[str]) -> dict:
-    """python lab.py report PATH... [--save DIR] [--curves DIR]: every table again, from
+    """python -m lab report PATH... [--save DIR] [--curves DIR]: every table again, from
     runs/NAME folders or their compact copies results/NAME.json; --save DIR writes those compact
     copies, --curves DIR draws each run's curves as DIR/NAME-curves.png."""
-    parser = argparse.ArgumentParser(prog="lab.py report", description="Print every table "
+    parser = argparse.ArgumentParser(prog="python -m lab report", description="Print every table "
                                      "again from saved runs: runs/NAME folders or their compact "
                                      "copies results/NAME.json.")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="runs/NAME or results/NAME.json")
@@ -987,9 +987,9 @@ def plot_compare(p: dict, path: str) -> None:
 
 
 def compare(argv: List[str]):
-    """python lab.py compare BASE OTHER [BASE OTHER ...] [--primary] [--plot PATH]"""
+    """python -m lab compare BASE OTHER [BASE OTHER ...] [--primary] [--plot PATH]"""
     parser = argparse.ArgumentParser(
-        prog="lab.py compare", description="Compare two saved runs seed by seed: for each "
+        prog="python -m lab compare", description="Compare two saved runs seed by seed: for each "
         "measure, each seed's difference OTHER - BASE, their mean with a 95 % t-interval, the "
         "sign counts and the exact two-sided sign test; and a picture of each seed's difference "
         "per update. The runs must share seeds and differ only in how they train (one argument, "
@@ -1028,9 +1028,3 @@ def pyplot():
     import matplotlib.pyplot as plt
     return plt
 
-
-if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as error:  # bad arguments: one clear line, no traceback
-        sys.exit(f"lab.py: error: {error}")

@@ -1,4 +1,4 @@
-"""trl_tokencredit.py: TRL's GRPOTrainer with tokencredit's advantages and loss.
+"""trl_bridge/trl_tokencredit.py: TRL's GRPOTrainer with tokencredit's advantages and loss.
 
 TokenCreditGRPOTrainer is TRL 1.16's GRPOTrainer (generation, rewards, reference model, accelerate,
 several GPUs) whose advantages are tokencredit.group_advantages and whose loss is
@@ -13,8 +13,8 @@ default; one that disagrees with a setting you changed raises.
                                      args=GRPOConfig(loss_type="grpo", ...),
                                      credit=Credit(baseline="leave_one_out"))
 
-    python trl_tokencredit.py --loss-mode sample --steps 60 --seed 0    # train_tiny's task
-    python trl_tokencredit.py --preset dapo                             # or cscr, ...
+    python trl_bridge/trl_tokencredit.py --loss-mode sample --steps 60 --seed 0    # train_tiny's task
+    python trl_bridge/trl_tokencredit.py --preset dapo                             # or cscr, ...
 See docs/trl.md: the mapping, what is exact and tested, normalisers, positions, refusals.
 """
 
@@ -37,10 +37,10 @@ try:
     from trl.data_utils import is_conversational
     from trl.trainer.utils import RepeatSampler, get_config_model_id, pad, split_tensor_dict
 except ImportError as error:  # TRL is a bench-only dependency
-    raise ImportError("trl_tokencredit.py needs TRL 1.16: "
-                      "pip install -r requirements-bench.txt") from error
+    raise ImportError("trl_bridge/trl_tokencredit.py needs TRL 1.16: "
+                      "pip install -r bench/requirements.txt") from error
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
 import tokencredit as tc  # noqa: E402
 
 
@@ -780,7 +780,7 @@ def main(argv=None) -> dict:
         credit = tiny_credit(args)
         device = tiny_task.pick_device(args.device)
     except ValueError as error:  # a bad method flag, --device cuda without CUDA: one clear line
-        sys.exit(f"trl_tokencredit.py: error: {error}")
+        sys.exit(f"trl_bridge/trl_tokencredit.py: error: {error}")
     if device.type == "mps":
         device = torch.device("cpu")  # TRL on MPS is untested here
     print(tiny_task.describe_device(device, args.device), flush=True)

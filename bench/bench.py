@@ -1,4 +1,4 @@
-"""bench.py: seconds per update, train_tiny against TRL's GRPOTrainer; --loss: policy_loss's cost.
+"""bench/bench.py: seconds per update, train_tiny against TRL's GRPOTrainer; --loss: policy_loss's cost.
 
 Both sides do the same work, from the same warm-up checkpoint, on the same device: train_tiny's task
 and verifier, 16 prompts x 8 samples, temperature 1 without top-k or top-p, at most 48 new tokens,
@@ -13,21 +13,21 @@ part starts and ends with torch.cuda.synchronize().
 checks, no stats), alternating the two; it needs neither TRL nor the checkpoint.
 
 Stock TRL 1.16 scores left-padded prompts without position_ids, so GPT-2 reads them at shifted
-positions; bench.py measures that error before each run and times TRL with the fix
+positions; bench/bench.py measures that error before each run and times TRL with the fix
 (trl_tokencredit.mask_positions), unless --stock-positions.
 
 TRL is a benchmark-only dependency; set it up in a separate virtualenv:
 
     python -m venv .venv-bench
-    .venv-bench/bin/pip install -r requirements-bench.txt
+    .venv-bench/bin/pip install -r bench/requirements.txt
 
 Then, from the project directory (the warm-up checkpoint is made on first use, 2-3 minutes):
 
-    OMP_NUM_THREADS=1 .venv-bench/bin/python bench.py --updates 20 --skip 3
-    .venv-bench/bin/python bench.py --device cuda --threads 4    # both sides on the GPU
-    python bench.py --updates 3        # without TRL: train_tiny's side only
-    python bench.py --loss             # policy_loss fwd+bwd against the bare formula; no TRL
-    python bench.py --help
+    OMP_NUM_THREADS=1 .venv-bench/bin/python -m bench --updates 20 --skip 3
+    .venv-bench/bin/python -m bench --device cuda --threads 4    # both sides on the GPU
+    python -m bench --updates 3        # without TRL: train_tiny's side only
+    python -m bench --loss             # policy_loss fwd+bwd against the bare formula; no TRL
+    python -m bench --help
 
 Nothing is downloaded: the model and tokenizer come from runs/warmup-*/, and the hub is set offline.
 """
@@ -51,7 +51,7 @@ import torch  # noqa: E402
 # TRL 1.16 uses names that transformers 5.24 renamed
 warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
 sys.path.insert(0, HERE)
 import tokencredit as tc  # noqa: E402
 import tiny_task  # noqa: E402
@@ -64,7 +64,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="One update = one rollout batch of 16 prompts x 8 samples and its 2 optimizer "
-               "steps.\nSetup and examples: see the top of bench.py.")
+               "steps.\nSetup and examples: see the top of bench/bench.py.")
     add = parser.add_argument
     add("--device", default="auto", choices=("auto", "cpu", "cuda"),
         help="where both sides run: auto = CUDA if available, else the CPU (default: auto)")
@@ -248,7 +248,7 @@ def capture_profile(device):
 def make_trainer(args, ckpt, seed, updates, device, callbacks):
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
-    from trl_tokencredit import mask_positions, tiny_setup
+    from trl_bridge.trl_tokencredit import mask_positions, tiny_setup
     model, tokenizer = load(ckpt, device)
     config, dataset, reward_funcs = tiny_setup(args, seed, updates, device,
                                                tokenizer.eos_token_id, loss_type="grpo",
@@ -399,7 +399,7 @@ def main(argv=None):
     else:
         print("\nTRL is not installed here, so only train_tiny was timed. For the comparison with "
               "TRL's GRPOTrainer:\n    python -m venv .venv-bench && .venv-bench/bin/pip install "
-              "-r requirements-bench.txt\n    OMP_NUM_THREADS=1 .venv-bench/bin/python bench.py")
+              "-r bench/requirements.txt\n    OMP_NUM_THREADS=1 .venv-bench/bin/python -m bench")
     return results
 
 

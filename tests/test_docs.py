@@ -1,5 +1,5 @@
 """The documentation held to the code: the README's worked examples are computed here, every link
-into the code opens the function it names, and every result table is what `python lab.py report
+into the code opens the function it names, and every result table is what `python -m lab report
 results/*.json` prints from the committed runs. Run: python -m pytest -q
 """
 
@@ -9,10 +9,10 @@ import re
 
 import torch
 
-import lab
+from lab import lab
 import tokencredit as tc
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
 
 
 
@@ -103,7 +103,7 @@ def tables(text: str) -> list:
 
 
 def test_result_tables_are_what_the_report_prints(capsys):
-    """Every table of README.md and docs/ whose header is one of `python lab.py report
+    """Every table of README.md and docs/ whose header is one of `python -m lab report
     results/*.json`'s is exactly a table that command prints from the committed results."""
     lab.report(sorted(glob.glob(os.path.join(HERE, "results", "*.json"))))
     out = capsys.readouterr().out
@@ -129,14 +129,14 @@ REPORT_LINES = ("CSCR diagnosis on", "entropy against sensitivity", "credit.png,
 
 
 def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
-    """Every `python lab.py compare ...` command quoted in README.md or docs/ is run on the
+    """Every `python -m lab compare ...` command quoted in README.md or docs/ is run on the
     committed results; every paired table of those pages, and every line of theirs that starts
     like a paired table's title, is what one of those commands prints."""
     pages = ["README.md"] + [os.path.join("docs", page)
                              for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
     texts = [open(os.path.join(HERE, page)).read() for page in pages]
     commands = {c.strip() for text in texts for c in re.findall(
-        r"python lab\.py compare ((?:results/\S+\.json(?::\w+)? ?)+(?:--primary)?)", text)}
+        r"python -m lab compare ((?:results/\S+\.json(?::\w+)? ?)+(?:--primary)?)", text)}
     out = ""
     for command in sorted(commands):
         plot = [] if "--primary" in command else ["--plot", str(tmp_path / "pair.png")]
@@ -147,7 +147,7 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
     paired = [table for text in texts for table in tables(text) if table[0] in headers]
     missing = [table for table in paired if table not in printed]
     assert paired, "no paired table in README.md or docs/"
-    assert not missing, "not what lab.py compare prints:\n" + "\n".join(missing[0])
+    assert not missing, "not what python -m lab compare prints:\n" + "\n".join(missing[0])
     titles = [line for text in texts for line in text.splitlines()
               if line.startswith(("paired comparison, ", "paired comparisons, "))]
     assert titles and not [line for line in titles if line not in said], titles

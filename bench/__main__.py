@@ -1,0 +1,3 @@
+from bench.bench import main
+
+main()

@@ -1,0 +1,1 @@
+"""tokencredit's loss, dynamic sampling and CSCR inside TRL's GRPOTrainer: trl_tokencredit.py."""

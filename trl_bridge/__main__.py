@@ -1,0 +1,3 @@
+from trl_bridge.trl_tokencredit import main
+
+main()
