@@ -403,8 +403,8 @@ def progress(r: dict) -> str:
 
 def train_method(label: str, args: Args, seed: int, start_path: str, tokenizer, eval_problems,
                  device, log_file):
-    """Policy updates from the warm-up weights. Returns (records, interrupted). The model stays
-    in eval mode: no dropout, so old and new log-probs agree on-policy."""
+    """Policy updates from the warm-up weights. Returns (records, interrupted, the trained model).
+    The model stays in eval mode: no dropout, so old and new log-probs agree on-policy."""
     from transformers import AutoModelForCausalLM
     seed_everything(seed)
     model = AutoModelForCausalLM.from_pretrained(start_path).to(device).eval()
@@ -428,8 +428,8 @@ def train_method(label: str, args: Args, seed: int, start_path: str, tokenizer, 
                       flush=True)
     except KeyboardInterrupt:  # Ctrl-C: stop here, and still write the summary of what ran
         print(f"\n[{label}] interrupted after {len(history)} steps; summarising what ran")
-        return history, True
-    return history, False
+        return history, True, model
+    return history, False, model
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -458,7 +458,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     with open(os.path.join(out_dir, "metrics.jsonl"), "w") as log_file:
         for seed, (label, args) in itertools.product(seeds, runs):
             run_start = time.time()
-            history, interrupted = train_method(label, args, seed, start_path, tokenizer,
+            history, interrupted, _ = train_method(label, args, seed, start_path, tokenizer,
                                                 eval_problems, device, log_file)
             evals = [r for r in history if "eval_accuracy" in r]
             final = {k[5:]: v for k, v in evals[-1].items() if k[:5] == "eval_"} if evals else start

@@ -5,6 +5,7 @@
 2. What does one step do under each weighting?       one_step, its table and onestep.png
 3. Where does CSCR move credit?                      diagnose, its table and credit.png
 4. Does one knob change what happens, seed by seed?  compare: two saved runs, paired by seed
+5. Do CSCR's own claims hold here, seed by seed?     sweep and cscr-diagnose, in lab/cscr.py
 Questions 0, 2 and 3 are asked of the starting policy, on the first held-out prompts, from fixed
 random streams. Every table title printed here can be searched for in this file.
 
@@ -14,6 +15,7 @@ random streams. Every table title printed here can be searched for in this file.
     python -m lab report results/*.json         # every table again, from saved results
     python -m lab report runs/NAME --save results/    # a run's results, compacted for keeping
     python -m lab compare results/A.json results/B.json     # B - A, seed by seed, and a picture
+    python -m lab sweep results/cscr-*.json --plot docs/cscr-sweep.png   # CSCR's claims
 """
 
 import argparse
@@ -40,7 +42,9 @@ ENTROPY_TOP = 0.2  # the fraction of a batch's tokens the entropy mask keeps, as
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = {"report": report, "knobs": run_knobs, "compare": compare}
+    from lab import cscr  # section 5, which reads this file's pairing
+    commands = {"report": report, "knobs": run_knobs, "compare": compare, "sweep": cscr.sweep,
+                "cscr-diagnose": cscr.diagnose_trained}
     if argv[:1] and argv[0] in commands:
         return commands[argv[0]](argv[1:])
     if "-h" in argv or "--help" in argv:  # the lab's commands, then the training arguments
