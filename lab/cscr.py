@@ -37,7 +37,7 @@ MEASURES = (  # (label, digits, per-seed value from (run, start, its strength-0 
         r["updates"]["entropy"])),
     (f"truncated fraction, updates 1-{lab.EARLY}", 4, lambda r, start, base: lab.mean_of(
         r["updates"]["truncated_frac"][:lab.EARLY])),
-    (f"updates with entropy > {ENTROPY_BLOWUP:g} x strength 0's (stability)", 0,
+    (f"updates with entropy > {ENTROPY_BLOWUP:g} x strength 0's (stability)", 1,
      lambda r, start, base: float(sum(
          e is not None and b is not None and e > ENTROPY_BLOWUP * b
          for e, b in zip(r["updates"]["entropy"], base["updates"]["entropy"])))),
@@ -109,7 +109,7 @@ def sweep_rows(found: Dict[tuple, tuple]) -> list:
                 diffs.append(measure(o, other[0]["start"], b) - measure(b, base[0]["start"], b))
             rows.append(dict(warmup_seed=ws, strength=strength, tau=tau, measure=label,
                              digits=digits, seeds=seeds, diffs=diffs,
-                             **lab.paired_stats(diffs, max(digits, 1))))
+                             **lab.paired_stats(diffs, digits)))
     return rows
 
 
