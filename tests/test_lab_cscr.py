@@ -37,7 +37,7 @@ def save(tmp_path, *runs):
 
 
 def test_sweep_against_strength_0_hand_worked(tmp_path, capsys):
-    base = cscr_run("s0", 0.0, 0.0, {0: [0.2, 0.1, 0.1, 0.1], 1: [0.3, 0.3, 0.3, 0.3]},
+    base = cscr_run("s0", 0.0, 0.0, {0: [0.1, 0.1, 0.1, 0.1], 1: [0.3, 0.3, 0.3, 0.3]},
                     {0: (0.6, 0.7), 1: (0.6, 0.4)})
     strong = cscr_run("s4", 4.0, 0.0, {0: [0.2, 0.3, 0.25, 0.1], 1: [0.3, 0.3, 0.9, 0.7]},
                       {0: (0.4, 0.6), 1: (0.3, 0.2)})
@@ -47,8 +47,8 @@ def test_sweep_against_strength_0_hand_worked(tmp_path, capsys):
     got = {(r["tau"], r["measure"]): r["diffs"] for r in rows if r["strength"] == 4.0}
     end, stable, drop = cscr.MEASURES[0][0], cscr.MEASURES[5][0], cscr.MEASURES[6][0]
     assert got[0.0, end] == pytest.approx([0.6 - 0.7, 0.2 - 0.4])
-    # entropy > 2 x strength 0's: seed 0 at updates 2 and 3 (0.3 > 0.2, 0.25 > 0.2, not 0.2 = 0.2
-    # at update 1); seed 1 at updates 3 and 4 (0.9, 0.7 > 0.6)
+    # entropy > 2 x strength 0's: seed 0 at updates 2 and 3 (0.3 and 0.25 > 0.2; update 1's 0.2
+    # is equal, not more); seed 1 at updates 3 and 4 (0.9 and 0.7 > 0.6)
     assert got[0.0, stable] == [2.0, 2.0]
     # largest drop from the start 0.5: strength 0 seed 0 none, seed 1 0.6 -> 0.4; strength 4
     # seed 0 0.5 -> 0.4, seed 1 0.5 -> 0.3
