@@ -42,9 +42,7 @@ ENTROPY_TOP = 0.2  # the fraction of a batch's tokens the entropy mask keeps, as
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from lab import cscr  # section 5, which reads this file's pairing
-    commands = {"report": report, "knobs": run_knobs, "compare": compare, "sweep": cscr.sweep,
-                "cscr-diagnose": cscr.diagnose_trained}
+    commands = {"report": report, "knobs": run_knobs, "compare": compare}
     if argv[:1] and argv[0] in commands:
         return commands[argv[0]](argv[1:])
     if "-h" in argv or "--help" in argv:  # the lab's commands, then the training arguments
