@@ -232,12 +232,14 @@ def format_claim4(diagnoses: List[dict]) -> str:
     for said, measured, key in CLAIMS:
         lines.append(f"| {said} | {measured} | "
                      + " | ".join(f"{p['all'][key]:.3f}" for p in policies) + " |")
+    said = ("the largest shifts sit on substitutable surface-form tokens, not on "
+            "problem-specific reasoning tokens")
     for name in policies[0]["by_class"]:
-        lines.append(f"| the largest shifts sit on surface-form tokens, not on problem-specific "
-                     f"reasoning tokens | {name}: share of all tokens -> of the top 20 % by "
+        lines.append(f"| {said} | {name}: share of all tokens -> of the top 20 % by "
                      "sensitivity | " + " | ".join(
                          "{:.3f} -> {:.3f}".format(*p["by_class"][name]["shares"]) for p in policies)
                      + " |")
+        said = "(the same)"
     return "\n".join(lines)
 
 
