@@ -6,8 +6,8 @@ makes four claims. This file reads them off saved runs:
        same code path) in the same seed, per measure: each seed's difference, the mean with a
        95 % t-interval, the sign counts, the sign test; and the picture (--plot).
   4    `python -m lab cscr-diagnose --warmup-seed S`: the diagnosis on the starting policy and
-       after training at strength 1 (seed 0), saved to results/cscr-diagnosis-wsS.json, which
-       the sweep command prints beside the summary's words.
+       after training at strength 1 (seed 0), saved to results/cscr-diagnosis/wsS.json, which
+       the sweep command prints beside the summary's words when given.
 The sweep's plan was fixed before its runs: strengths 0, 0.25, 0.5, 1, 2, 4, 8 at tau = 0 and
 tau = 0.1 (about the starting policy's mean sensitivity), seeds 0-9, one thread per run; the
 stability measure is the number of updates whose rollout entropy exceeds twice strength 0's at
@@ -197,7 +197,8 @@ def diagnose_trained(argv: List[str]) -> dict:
     parser.add_argument("--warmup-seed", type=int, default=tt.Args.warmup_seed)
     parser.add_argument("--seed", type=int, default=0, help="the training seed (0)")
     parser.add_argument("--strength", type=float, default=1.0, help="CSCR's alpha (1)")
-    parser.add_argument("--save", default="results", help="where the JSON goes (results/)")
+    parser.add_argument("--save", default=os.path.join("results", "cscr-diagnosis"),
+                        help="where the JSON goes (results/cscr-diagnosis/)")
     a = parser.parse_args(argv)
     args = dataclasses.replace(tt.Args(), **{**tt.PRESETS["cscr"], "cscr_strength": a.strength,
                                              "warmup_seed": a.warmup_seed})
@@ -212,7 +213,7 @@ def diagnose_trained(argv: List[str]) -> dict:
                                               tt.held_out_problems(args), device, log)
     out["trained"] = diagnose(trained, tokenizer, args, problems, a.strength, device)
     out["trained_accuracy"] = history[-1]["eval_accuracy"]
-    path = os.path.join(a.save, f"cscr-diagnosis-ws{a.warmup_seed}.json")
+    path = os.path.join(a.save, f"ws{a.warmup_seed}.json")
     os.makedirs(a.save, exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
@@ -244,24 +245,24 @@ def format_claim4(diagnoses: List[dict]) -> str:
 
 
 def sweep(argv: List[str]) -> list:
-    """python -m lab sweep results/cscr-*.json [--plot PATH]"""
+    """python -m lab sweep results/cscr-*.json [results/cscr-diagnosis/*.json] [--plot PATH]"""
     parser = argparse.ArgumentParser(
         prog="python -m lab sweep", description="CSCR's strength sweep read in pairs: each "
         "strength against strength 0 in the same seed, per measure; claim 4's diagnosis from "
         "any cscr-diagnosis-*.json given.")
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="saved CSCR runs (results/cscr-s*.json) and diagnoses")
+                        help="saved CSCR runs (results/cscr-s*.json) and diagnoses "
+                        "(results/cscr-diagnosis/*.json)")
     parser.add_argument("--plot", metavar="PATH", help="draw the picture there")
     a = parser.parse_args(argv)
-    diagnoses = [p for p in a.paths if os.path.basename(p).startswith("cscr-diagnosis")]
-    rows = sweep_rows(arms([p for p in a.paths if p not in diagnoses]))
+    runs, diagnoses = [], []
+    for path in a.paths:  # a diagnosis is a JSON file that holds a "trained" policy's
+        saved = json.load(open(path)) if os.path.isfile(path) else {}
+        (diagnoses.append(saved) if "trained" in saved else runs.append(path))
+    rows = sweep_rows(arms(runs))
     print(format_sweep(rows))
     if diagnoses:
-        loaded = []
-        for path in sorted(diagnoses):
-            with open(path) as f:
-                loaded.append(json.load(f))
-        print("\n" + format_claim4(loaded))
+        print("\n" + format_claim4(sorted(diagnoses, key=lambda d: d["warmup_seed"])))
     if a.plot:
         plot_sweep(rows, a.plot)
         print(f"wrote {a.plot}")
