@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from lab import lab
+from lab import cscr, lab
 import tokencredit as tc
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
@@ -153,3 +153,24 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
     titles = [line for text in texts for line in text.splitlines()
               if line.startswith(("paired comparison, ", "paired comparisons, "))]
     assert titles and not [line for line in titles if line not in said], titles
+
+
+def test_cscr_tables_are_what_lab_sweep_prints(capsys):
+    """Every CSCR sweep or claim-4 table of README.md and docs/ is what `python -m lab sweep`
+    prints from the committed runs and diagnoses (the command the pages quote, globs and all)."""
+    pages = ["README.md"] + [os.path.join("docs", page)
+                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    texts = [open(os.path.join(HERE, page)).read() for page in pages]
+    commands = {c.strip() for text in texts for c in re.findall(
+        r"python -m lab sweep ((?:results/[\w./*-]+ ?)+)", text)}
+    out = ""
+    for command in sorted(commands):
+        paths = [p for pattern in command.split() for p in sorted(glob.glob(os.path.join(HERE, pattern)))]
+        cscr.sweep(paths)
+        out += capsys.readouterr().out
+    printed = tables(out)
+    shown = [table for text in texts for table in tables(text)
+             if table[0] == cscr.SWEEP_HEADER or table[0].startswith("| the summary says |")]
+    assert shown, "no CSCR sweep table in README.md or docs/"
+    missing = [table for table in shown if table not in printed]
+    assert not missing, "not what python -m lab sweep prints:\n" + "\n".join(missing[0])
