@@ -67,7 +67,6 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     _check(type(max_len) is int and max_len > 0, "max_len", "be a positive int", repr(max_len))
     _check(type(cache_len) is int and 0 < cache_len <= max_len, "cache_len",
            f"be an int in (0, max_len = {max_len}]", repr(cache_len))
-    _check_values(lengths, "lengths", "finite and >= 0", lambda x: torch.isfinite(x) & (x >= 0))
     lengths = lengths.to(torch.float32)  # (N,)
     soft_start = max_len - cache_len
     ramp = (soft_start - lengths) / cache_len  # (N,) in [-1, 0) inside the soft zone
@@ -89,7 +88,6 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
     Args: rewards (B, G) finite. Returns: advantages (B, G), given to every token of the response.
     """
     _check_inputs(rewards=rewards, scale=scale, eps=eps, baseline=baseline)
-    _check_values(rewards, "rewards", "finite", torch.isfinite)
     rewards = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     G = rewards.shape[1]
     if G == 1:
@@ -118,7 +116,6 @@ def informative_groups(values: torch.Tensor) -> torch.Tensor:
     Args: values (B, G) finite; bool reads as 0/1. Returns: keep (B,) bool.
     """
     _check_inputs(values=values)
-    _check_values(values, "values", "finite", lambda x: torch.isfinite(x.float()))
     return (values != values[:, :1]).any(dim=1)  # (B,)
 
 
@@ -381,8 +378,6 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
     """
     mask = _check_inputs(student_logits=student_logits, teacher_logits=teacher_logits,
                          mask=mask, mode=mode, group_size=group_size, max_len=max_len)
-    _check_values(student_logits, "student_logits", "finite or -inf", _no_nan_or_inf, mask)
-    _check_values(teacher_logits, "teacher_logits", "finite or -inf", _no_nan_or_inf, mask)
     _check_values(student_logits, "student_logits", "> -inf wherever teacher_logits are "
                   "(KL(teacher || student) would be infinite)",
                   lambda s: (s > -math.inf) | (teacher_logits == -math.inf), mask)
@@ -441,8 +436,6 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     """
     mask = _check_inputs(sensitivity=sensitivity, mask=mask, strength=strength,
                          threshold=threshold)
-    _check_values(sensitivity, "sensitivity", "finite and >= 0",
-                  lambda s: torch.isfinite(s) & (s >= 0), mask)
     log_w = -strength * torch.clamp(sensitivity.float() - threshold, min=0)  # (N, T) log w_t
     log_w = log_w.masked_fill(~mask, float("-inf"))
     if log_w.shape[-1] > 0:  # w_t / sum w is unchanged by a shift; this one avoids 0/0
@@ -460,8 +453,6 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     that remain. Args: logits (N, T, V). Returns: (N, T); aggregate(H, mask, "token") is its mean.
     """
     _check_inputs(logits=logits)
-    _check_values(logits, "logits", "finite or -inf, with a finite value at every position",
-                  lambda x: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True))
     logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T, V)
     p = logp.exp()  # (N, T, V)
     return -torch.where(p > 0, p * logp, 0.0).sum(dim=-1)  # (N, T)
@@ -477,7 +468,6 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor,
     Returns: keep (N, T) float.
     """
     mask = _check_inputs(entropy=entropy, mask=mask, top_fraction=top_fraction)
-    _check_values(entropy, "entropy", "finite", torch.isfinite, mask)
     real = entropy[mask].float()  # (number of real tokens,)
     if real.numel() == 0:
         return torch.zeros(entropy.shape, device=entropy.device)
@@ -508,8 +498,6 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
     known to us. Also num_tokens, num_affected.
     """
     mask = _check_inputs(d_pos=d_pos, d_neg=d_neg, mask=mask, min_shift=min_shift)
-    _check_values(d_pos, "d_pos", "finite", torch.isfinite, mask)
-    _check_values(d_neg, "d_neg", "finite", torch.isfinite, mask)
     sensitivity = _counterfactual_sensitivity(d_pos, d_neg)  # (N, T)
     affected = mask & (sensitivity >= min_shift)  # (N, T)
     num_affected = affected.sum()
@@ -532,28 +520,33 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # -----------------------------------------------------------------------------
 # input checks, made once at each public door: a ValueError says what was expected and what came
 
-# an argument is checked by its name: a tensor by its sizes (a letter is one size across a call:
-# logp's (N, T) is mask's; "|" between the shapes allowed), a number by its test, a choice
-_SHAPES = dict(lengths="N", rewards="B G", values="B G", logp="N T", old_logp="N T",
-               ref_logp="N T", ratio="N T", advantages="N|N T", mask="N T", per_token="N T",
-               student_logits="N T V", teacher_logits="N T V", logp_pos="N T", logp_neg="N T",
-               d_pos="N T", d_neg="N T", sensitivity="N T", logits="N T V", entropy="N T")
-_FLOATING = {"logp", "old_logp", "ref_logp", "ratio", "student_logits", "teacher_logits",
-             "logp_pos", "logp_neg", "logits"}
+# an argument is checked by its name. A tensor: its sizes (a letter is one size in a call, so
+# logp's (N, T) is mask's; "|" between shapes allowed; f: floating point), its values (on real
+# tokens when a mask comes), its device (the first tensor's). A number: its test of (value, N).
+_SHAPES = dict(lengths="N", rewards="B G", values="B G", logp="N T f", old_logp="N T f",
+               ref_logp="N T f", ratio="N T f", advantages="N|N T", mask="N T", per_token="N T",
+               student_logits="N T V f", teacher_logits="N T V f", logp_pos="N T f",
+               logp_neg="N T f", d_pos="N T", d_neg="N T", sensitivity="N T", logits="N T V f",
+               entropy="N T")
+_FINITE, _LOGITS = ("finite", torch.isfinite), ("finite or -inf", lambda x: ~x.isnan() & (x < math.inf))
+_VALUES = dict(lengths=("finite and >= 0", lambda x: x.isfinite() & (x >= 0)), rewards=_FINITE,
+               values=_FINITE, mask=("0 or 1", lambda m: (m == 0) | (m == 1)), entropy=_FINITE,
+               sensitivity=("finite and >= 0", lambda x: x.isfinite() & (x >= 0)), d_pos=_FINITE,
+               d_neg=_FINITE, student_logits=_LOGITS, teacher_logits=_LOGITS, logits=(
+                   "finite or -inf, with a finite value at every position",
+                   lambda x: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
 _AT_LEAST_0 = ("a finite number >= 0", lambda v, N: math.isfinite(v) and v >= 0)
-_NUMBERS = dict(  # (what it must be, its test given N); group_size, max_len: if the mode uses it
-    eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0),
-    eps_low=("a number >= 0", lambda v, N: v >= 0),
-    eps_high=("a number >= 0", lambda v, N: v >= 0),
-    beta=_AT_LEAST_0, strength=_AT_LEAST_0, min_shift=_AT_LEAST_0,
-    threshold=("a finite number", lambda v, N: math.isfinite(v)),
-    top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
-    batch_size=("a positive int", lambda v, N: type(v) is int and v > 0),
-    max_rounds=("a positive int", lambda v, N: type(v) is int and v > 0),
-    group_size=("a positive int dividing N = {N} (mode 'group_token')",
-                lambda v, N: type(v) is int and v > 0 and N % v == 0),
-    max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
-             lambda v, N: math.isfinite(v) and v > 0))
+_POSITIVE_INT, _EPS = ("a positive int", lambda v, N: type(v) is int and v > 0), (
+    "a number >= 0", lambda v, N: v >= 0)
+_NUMBERS = dict(eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0),
+                eps_low=_EPS, eps_high=_EPS, beta=_AT_LEAST_0, strength=_AT_LEAST_0,
+                min_shift=_AT_LEAST_0, threshold=("a finite number", lambda v, N: math.isfinite(v)),
+                top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
+                batch_size=_POSITIVE_INT, max_rounds=_POSITIVE_INT,  # and, in their mode:
+                group_size=("a positive int dividing N = {N} (mode 'group_token')",
+                            lambda v, N: type(v) is int and v > 0 and N % v == 0),
+                max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
+                         lambda v, N: math.isfinite(v) and v > 0))
 _MODE_NEEDS = dict(group_size="group_token", max_len="constant")
 _CHOICES = dict(scale=ADVANTAGE_SCALES, baseline=BASELINES, level=RATIO_LEVELS,
                 ratio_level=RATIO_LEVELS, surrogate=SURROGATES, mode=AGGREGATION_MODES)
@@ -565,78 +558,70 @@ def _check(ok: bool, name: str, expected: str, got) -> None:
 
 
 def _check_inputs(**given) -> Optional[torch.Tensor]:
-    """Each argument by its name's rule above, the tensors on one device. Returns the mask as
-    bool, after its 0/1 values, when one is given."""
-    sizes, device = {}, None  # a letter: (its size, the argument that set it)
+    """Each argument by its name's rule above. Returns the mask as bool, when one came."""
+    sizes, tensors = {}, [x for x in given.values() if isinstance(x, torch.Tensor)]
     for name, x in given.items():
-        ok, got = True, repr(x)
+        ok, got = True, tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x)
         if name in _CHOICES:
             ok, expected = type(x) is str and x in _CHOICES[name], f"be one of {_CHOICES[name]}"
         elif name in _NUMBERS:
-            N, (expected, test) = sizes.get("N", ("N",))[0], _NUMBERS[name]
+            (expected, test), N = _NUMBERS[name], sizes.get("N", ("N",))[0]
             number = isinstance(x, (int, float)) and not isinstance(x, bool)
             needed = name not in _MODE_NEEDS or given.get("mode") == _MODE_NEEDS[name]
             ok, expected = not needed or number and test(x, N), "be " + expected.format(N=N)
-        else:  # a tensor
-            shapes = [shape.split() for shape in _SHAPES[name].split("|")]
-            letters = [s for s in shapes if isinstance(x, torch.Tensor) and x.dim() == len(s)]
-            expected = " or ".join(f"({', '.join(s)}{',' * (len(s) == 1)})"
-                                   for s in letters or shapes)  # "(N, T)"
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            if not letters:
-                raise ValueError(f"{name} must be a torch.Tensor {expected}, got {got}")
-            sizes.update({k: (n, name) for k, n in zip(letters[0], got) if k not in sizes})
-            want = tuple(sizes[k][0] for k in letters[0])  # (N, T) = (8, 12)
-            if want != got:
-                first = next(sizes[k][1] for k, n in zip(letters[0], got) if sizes[k][0] != n)
-                raise ValueError(f"{name} must have the same shape as {first}: {expected} = "
-                                 f"{want}, got {got}")
-            device = device or (x.device, name)
-            if x.device != device[0]:
-                ok, expected, got = False, f"be on the device of {device[1]}, {device[0]}", x.device
-            elif name in _FLOATING and not x.is_floating_point():
+        else:  # a tensor: one of its shapes, in the sizes and on the device of those before it
+            tensor, device = isinstance(x, torch.Tensor), tensors[0].device if tensors else None
+            shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
+            letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
+            sizes.update({k: (n, name) for k, n in zip(letters or (), got) if k not in sizes})
+            want = tuple(sizes[k][0] for k in letters or ())  # (N, T) = (8, 12)
+            like = sorted({sizes[k][1] for k in letters or ()} - {name})
+            ok = letters is not None and want == x.shape and x.device == device
+            expected = "be a torch.Tensor " + " or ".join(
+                f"({', '.join(s)}{',' * (len(s) == 1)})" for s in ([letters] if letters else shapes))
+            expected += f" = {want} like {', '.join(like)}" * bool(like) + f" on {device}" * (
+                tensor and x.device != device)
+            got = f"{tuple(x.shape)}" + f" on {x.device}" * (x.device != device) if tensor else (
+                type(x).__name__)
+            if ok and "f" in _SHAPES[name] and not x.is_floating_point():
                 ok, expected, got = False, "be floating-point", f"dtype {x.dtype}"
-            elif name == "mask" and x.dtype != torch.bool:
-                bad = [tuple(i.tolist()) for i in ((x != 0) & (x != 1)).nonzero()[:1]]
-                ok, expected = not bad, "be 0 or 1"
-                got = bad and f"{x[bad[0]].item()} at index {bad[0]}"
-        if not ok:
-            raise ValueError(f"{name} must {expected}, got {got}")
+        _check(ok, name, expected, got)
     mask = given.get("mask")
-    return None if mask is None else mask if mask.dtype == torch.bool else mask != 0
-
-
+    mask = mask if mask is None or mask.dtype == torch.bool else mask != 0
+    for name, x in given.items():  # the values, on the real tokens when a mask came
+        if name in _VALUES and x.dtype != torch.bool:
+            (expected, ok), real = _VALUES[name], mask is not None and name != "mask"
+            bad = ~ok(x) & mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else ~ok(x)
+            at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
+            _check(not at, name, f"be {expected}" + " on real tokens" * real,
+                   at and f"{x[at[0]].item()} at index {at[0]}")
+    return mask
 def _check_values(x: torch.Tensor, name: str, expected: str, ok, mask=None) -> None:
-    """ok(x) must hold everywhere (or on the real tokens of mask): else name the first bad value."""
+    """ok(x) must hold (on the real tokens, when a mask comes): else name the first bad value."""
     bad = ~ok(x) if mask is None else ~ok(x) & mask.view(mask.shape + (1,) * (x.dim() - 2))
     if bad.any():
-        where = tuple(int(i) for i in bad.nonzero()[0])
-        on = " on real tokens" if mask is not None else ""
+        where, on = tuple(int(i) for i in bad.nonzero()[0]), " on real tokens" * (mask is not None)
         raise ValueError(f"{name} must be {expected}{on}, got {x[where].item()} at index {where}")
-
-
-def _no_nan_or_inf(x):
-    return ~torch.isnan(x) & (x < math.inf)  # -inf allowed: a masked vocabulary
 
 
 def _check_loss_inputs(logp, old_logp, advantages, mask, mode, group_size, max_len, eps_low,
                        eps_high, ref_logp, beta, surrogate, ratio_level):
-    """policy_loss's door: all but the values now; the values (finite on real tokens) with the
-    stats, in one read. Returns (mask as bool, the deferred checks: _check_values' arguments)."""
+    """policy_loss's door. Returns (mask as bool, the checks of the values, finite on real tokens,
+    as _check_values' arguments: _loss_stats runs them only if a sum it reads is not finite)."""
     _check_inputs(beta=beta, surrogate=surrogate, ratio_level=ratio_level)
     _check(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
            "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
-    old = dict(old_logp=old_logp) if old_logp is not None or surrogate == "clip" else {}
-    ref = dict(ref_logp=ref_logp) if beta > 0 else {}
-    mask = _check_inputs(logp=logp, **old, **ref, advantages=advantages, mask=mask, mode=mode,
-                         group_size=group_size, max_len=max_len, eps_low=eps_low,
-                         eps_high=eps_high)
-    _check(ratio_level != "sequence" or advantages.dim() == 1, "advantages",
-           "be (N,) for ratio_level 'sequence' (GSPO; 'sequence_token' takes (N, T))",
-           tuple(advantages.shape))
+    given = dict(logp=logp, old_logp=old_logp, ref_logp=ref_logp, advantages=advantages)
+    if old_logp is None and surrogate == "reinforce":  # REINFORCE needs no old policy
+        del given["old_logp"]
+    if beta == 0:  # no KL term, no reference policy
+        del given["ref_logp"]
+    mask = _check_inputs(**given, mask=mask, mode=mode, group_size=group_size, max_len=max_len,
+                         eps_low=eps_low, eps_high=eps_high)
+    _check(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
+           "ratio_level 'sequence' (GSPO; 'sequence_token' takes (N, T))", tuple(advantages.shape))
     return mask, [(x, name, "finite", torch.isfinite, mask if x.dim() == 2 else None)
-                  for name, x in dict(logp=logp, **old, advantages=advantages, **ref).items()
-                  if x is not None]
+                  for name, x in given.items()]
 
 
 def _loss_stats(checks, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
@@ -672,17 +657,16 @@ def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
     """One round of fill_batch's sampler: a dict of tensors holding filter_key, all of one leading
     size b, with the first round's keys and trailing shapes. Returns the first round."""
     keys = sorted(groups) if isinstance(groups, dict) else type(groups).__name__
-    _check(isinstance(groups, dict) and filter_key in groups, "sample_groups()",
-           f"return a dict with key {filter_key!r} (the filter_key)", keys)
-    _check(first is None or set(groups) == set(first), "sample_groups()",
-           f"return the same keys every round: first {sorted(first or ())}", keys)
+    same = isinstance(groups, dict) and set(groups) == set(first or groups)
+    _check(same and filter_key in groups, "sample_groups()", f"return a dict with key "
+           f"{filter_key!r} (the filter_key), the same keys every round"
+           + (f": first {sorted(first)}" if first else ""), keys)
     shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) and value.dim() else
               type(value).__name__ for key, value in groups.items()}
     b = shapes[filter_key][0] if isinstance(shapes[filter_key], tuple) else None
     for key, shape in shapes.items():
-        trailing = first[key].shape[1:] if first else None
-        _check(isinstance(shape, tuple) and shape[0] == b and trailing in (None, shape[1:]),
+        trailing = tuple(first[key].shape[1:]) if first else shape[1:]
+        _check(isinstance(shape, tuple) and shape[0] == b and shape[1:] == trailing,
                f"sample_groups()[{key!r}]", f"be a tensor with leading dimension b = {b} like "
-               f"{filter_key!r}" + (f" and trailing shape {tuple(trailing)}" if first else ""),
-               shape)
+               f"{filter_key!r}" + (f" and trailing shape {trailing}" if first else ""), shape)
     return groups if first is None else first
