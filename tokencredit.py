@@ -378,9 +378,6 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
     """
     mask = _check_inputs(student_logits=student_logits, teacher_logits=teacher_logits,
                          mask=mask, mode=mode, group_size=group_size, max_len=max_len)
-    _check_values(student_logits, "student_logits", "> -inf wherever teacher_logits are "
-                  "(KL(teacher || student) would be infinite)",
-                  lambda s: (s > -math.inf) | (teacher_logits == -math.inf), mask)
     real = mask[:, :, None]  # (N, T, 1): padding logits -> 0 before log_softmax
     teacher_logp = torch.log_softmax(torch.where(real, teacher_logits.detach(), 0.0).float(), -1)
     student_logp = torch.log_softmax(torch.where(real, student_logits, 0.0).float(), -1)
@@ -520,33 +517,39 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # -----------------------------------------------------------------------------
 # input checks, made once at each public door: a ValueError says what was expected and what came
 
-# an argument is checked by its name. A tensor: its sizes (a letter is one size in a call, so
-# logp's (N, T) is mask's; "|" between shapes allowed; f: floating point), its values (on real
-# tokens when a mask comes), its device (the first tensor's). A number: its test of (value, N).
-_SHAPES = dict(lengths="N", rewards="B G", values="B G", logp="N T f", old_logp="N T f",
-               ref_logp="N T f", ratio="N T f", advantages="N|N T", mask="N T", per_token="N T",
-               student_logits="N T V f", teacher_logits="N T V f", logp_pos="N T f",
-               logp_neg="N T f", d_pos="N T", d_neg="N T", sensitivity="N T", logits="N T V f",
-               entropy="N T")
-_FINITE, _LOGITS = ("finite", torch.isfinite), ("finite or -inf", lambda x: ~x.isnan() & (x < math.inf))
-_VALUES = dict(lengths=("finite and >= 0", lambda x: x.isfinite() & (x >= 0)), rewards=_FINITE,
-               values=_FINITE, mask=("0 or 1", lambda m: (m == 0) | (m == 1)), entropy=_FINITE,
-               sensitivity=("finite and >= 0", lambda x: x.isfinite() & (x >= 0)), d_pos=_FINITE,
-               d_neg=_FINITE, student_logits=_LOGITS, teacher_logits=_LOGITS, logits=(
-                   "finite or -inf, with a finite value at every position",
-                   lambda x: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
-_AT_LEAST_0 = ("a finite number >= 0", lambda v, N: math.isfinite(v) and v >= 0)
-_POSITIVE_INT, _EPS = ("a positive int", lambda v, N: type(v) is int and v > 0), (
-    "a number >= 0", lambda v, N: v >= 0)
-_NUMBERS = dict(eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0),
-                eps_low=_EPS, eps_high=_EPS, beta=_AT_LEAST_0, strength=_AT_LEAST_0,
-                min_shift=_AT_LEAST_0, threshold=("a finite number", lambda v, N: math.isfinite(v)),
-                top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
-                batch_size=_POSITIVE_INT, max_rounds=_POSITIVE_INT,  # and, in their mode:
-                group_size=("a positive int dividing N = {N} (mode 'group_token')",
-                            lambda v, N: type(v) is int and v > 0 and N % v == 0),
-                max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
-                         lambda v, N: math.isfinite(v) and v > 0))
+# An argument is checked by its name. A tensor: its shape (a letter is one size in a call, so
+# logp's (N, T) is mask's; "|" between shapes allowed; f: floating point), its device (that of
+# the call's first tensor), its values (on real tokens when a mask comes). A number: its test.
+_SHAPES = dict(lengths="N", rewards="B G", values="B G", advantages="N|N T", logits="N T V f",
+               student_logits="N T V f", teacher_logits="N T V f", **dict.fromkeys(
+                   ("logp", "old_logp", "ref_logp", "ratio", "logp_pos", "logp_neg"), "N T f"),
+               **dict.fromkeys(("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"),
+                               "N T"))
+_FINITE, _NO_NAN_OR_INF = lambda x, g: x.isfinite(), lambda x, g: ~x.isnan() & (x < math.inf)
+_VALUES = dict(  # what the values must be, and the test: of the tensor and the call's arguments
+    rewards=("finite", _FINITE), values=("finite", _FINITE), entropy=("finite", _FINITE),
+    d_pos=("finite", _FINITE), d_neg=("finite", _FINITE),
+    mask=("0 or 1", lambda m, g: (m == 0) | (m == 1)),
+    lengths=("finite and >= 0", lambda x, g: x.isfinite() & (x >= 0)),
+    sensitivity=("finite and >= 0", lambda x, g: x.isfinite() & (x >= 0)),
+    teacher_logits=("finite or -inf (a masked vocabulary)", _NO_NAN_OR_INF),
+    student_logits=("finite or -inf, and > -inf wherever teacher_logits are (or KL(teacher || "
+                    "student) is infinite)", lambda x, g: _NO_NAN_OR_INF(x, g) & (
+                        (x > -math.inf) | (g["teacher_logits"] == -math.inf))),
+    logits=("finite or -inf, with a finite value at every position",
+            lambda x, g: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
+_AT_LEAST_0, _POSITIVE_INT = ("a finite number >= 0", lambda v, N: math.isfinite(v) and v >= 0), (
+    "a positive int", lambda v, N: type(v) is int and v > 0)
+_NUMBERS = dict(  # what the number must be, and the test (N: the call's number of responses)
+    eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0), beta=_AT_LEAST_0,
+    eps_low=("a number >= 0", lambda v, N: v >= 0), eps_high=("a number >= 0", lambda v, N: v >= 0),
+    strength=_AT_LEAST_0, min_shift=_AT_LEAST_0, batch_size=_POSITIVE_INT, max_rounds=_POSITIVE_INT,
+    threshold=("a finite number", lambda v, N: math.isfinite(v)),
+    top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
+    group_size=("a positive int dividing N = {N} (mode 'group_token')",  # in their mode only
+                lambda v, N: type(v) is int and v > 0 and N % v == 0),
+    max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
+             lambda v, N: math.isfinite(v) and v > 0))
 _MODE_NEEDS = dict(group_size="group_token", max_len="constant")
 _CHOICES = dict(scale=ADVANTAGE_SCALES, baseline=BASELINES, level=RATIO_LEVELS,
                 ratio_level=RATIO_LEVELS, surrogate=SURROGATES, mode=AGGREGATION_MODES)
@@ -559,55 +562,50 @@ def _check(ok: bool, name: str, expected: str, got) -> None:
 
 def _check_inputs(**given) -> Optional[torch.Tensor]:
     """Each argument by its name's rule above. Returns the mask as bool, when one came."""
-    sizes, tensors = {}, [x for x in given.values() if isinstance(x, torch.Tensor)]
+    sizes, device, mode = {}, None, given.get("mode")  # sizes: letter -> (size, who set it)
     for name, x in given.items():
-        ok, got = True, tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x)
+        tensor, ok = isinstance(x, torch.Tensor), True
+        got = tuple(x.shape) if tensor else repr(x)
         if name in _CHOICES:
             ok, expected = type(x) is str and x in _CHOICES[name], f"be one of {_CHOICES[name]}"
         elif name in _NUMBERS:
             (expected, test), N = _NUMBERS[name], sizes.get("N", ("N",))[0]
             number = isinstance(x, (int, float)) and not isinstance(x, bool)
-            needed = name not in _MODE_NEEDS or given.get("mode") == _MODE_NEEDS[name]
-            ok, expected = not needed or number and test(x, N), "be " + expected.format(N=N)
-        else:  # a tensor: one of its shapes, in the sizes and on the device of those before it
-            tensor, device = isinstance(x, torch.Tensor), tensors[0].device if tensors else None
+            ok = _MODE_NEEDS.get(name, mode) != mode or number and test(x, N)
+            expected = "be " + expected.format(N=N)
+        else:  # a tensor: one of its shapes, in the sizes of the tensors before it, on their device
             shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
             letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
             sizes.update({k: (n, name) for k, n in zip(letters or (), got) if k not in sizes})
             want = tuple(sizes[k][0] for k in letters or ())  # (N, T) = (8, 12)
-            like = sorted({sizes[k][1] for k in letters or ()} - {name})
-            ok = letters is not None and want == x.shape and x.device == device
-            expected = "be a torch.Tensor " + " or ".join(
-                f"({', '.join(s)}{',' * (len(s) == 1)})" for s in ([letters] if letters else shapes))
-            expected += f" = {want} like {', '.join(like)}" * bool(like) + f" on {device}" * (
-                tensor and x.device != device)
-            got = f"{tuple(x.shape)}" + f" on {x.device}" * (x.device != device) if tensor else (
-                type(x).__name__)
-            if ok and "f" in _SHAPES[name] and not x.is_floating_point():
-                ok, expected, got = False, "be floating-point", f"dtype {x.dtype}"
-        _check(ok, name, expected, got)
+            like = ", ".join(sorted({sizes[k][1] for k in letters or ()} - {name}))
+            device, floating = device or getattr(x, "device", None), "f" in _SHAPES[name]
+            ok = letters and want == x.shape and x.device == device and (
+                x.is_floating_point() or not floating)
+            expected = "be a " + "floating-point " * floating + "torch.Tensor " + " or ".join(
+                f"({', '.join(s)}{',' * (len(s) == 1)})" for s in [letters] * bool(letters)
+                or shapes)
+            expected += f" = {want} like {like}" * bool(like) + f" on {device}" * bool(device)
+            got = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if tensor else type(x).__name__
+        if not ok:
+            raise ValueError(f"{name} must {expected}, got {got}")
     mask = given.get("mask")
     mask = mask if mask is None or mask.dtype == torch.bool else mask != 0
     for name, x in given.items():  # the values, on the real tokens when a mask came
         if name in _VALUES and x.dtype != torch.bool:
             (expected, ok), real = _VALUES[name], mask is not None and name != "mask"
-            bad = ~ok(x) & mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else ~ok(x)
-            at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
-            _check(not at, name, f"be {expected}" + " on real tokens" * real,
-                   at and f"{x[at[0]].item()} at index {at[0]}")
+            bad = ~ok(x, given) & (mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else True)
+            if bad.any():
+                at = tuple(bad.nonzero()[0].tolist())  # the first bad value
+                raise ValueError(f"{name} must be {expected}{' on real tokens' * real}, got "
+                                 f"{x[at].item()} at index {at}")
     return mask
-def _check_values(x: torch.Tensor, name: str, expected: str, ok, mask=None) -> None:
-    """ok(x) must hold (on the real tokens, when a mask comes): else name the first bad value."""
-    bad = ~ok(x) if mask is None else ~ok(x) & mask.view(mask.shape + (1,) * (x.dim() - 2))
-    if bad.any():
-        where, on = tuple(int(i) for i in bad.nonzero()[0]), " on real tokens" * (mask is not None)
-        raise ValueError(f"{name} must be {expected}{on}, got {x[where].item()} at index {where}")
 
 
 def _check_loss_inputs(logp, old_logp, advantages, mask, mode, group_size, max_len, eps_low,
                        eps_high, ref_logp, beta, surrogate, ratio_level):
-    """policy_loss's door. Returns (mask as bool, the checks of the values, finite on real tokens,
-    as _check_values' arguments: _loss_stats runs them only if a sum it reads is not finite)."""
+    """policy_loss's door. Returns (mask as bool, the finite-on-real-tokens checks of the inputs'
+    values, for _loss_stats to run only if a sum it reads in its one synchronisation is not)."""
     _check_inputs(beta=beta, surrogate=surrogate, ratio_level=ratio_level)
     _check(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
            "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
@@ -620,8 +618,7 @@ def _check_loss_inputs(logp, old_logp, advantages, mask, mode, group_size, max_l
                          eps_low=eps_low, eps_high=eps_high)
     _check(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
            "ratio_level 'sequence' (GSPO; 'sequence_token' takes (N, T))", tuple(advantages.shape))
-    return mask, [(x, name, "finite", torch.isfinite, mask if x.dim() == 2 else None)
-                  for name, x in given.items()]
+    return mask, [(name, x, mask if x.dim() == 2 else True) for name, x in given.items()]
 
 
 def _loss_stats(checks, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
@@ -641,8 +638,10 @@ def _loss_stats(checks, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
         if kl is not None:
             values.append(kl.sum())
         values = torch.stack([v.to(torch.float64) for v in values]).tolist()  # the one read
-    for check in checks if not values[0] else ():  # the first bad value raises, named
-        _check_values(*check)
+    for name, x, real in checks if not values[0] else ():  # name the first bad value
+        at = [tuple(i.tolist()) for i in (~x.isfinite() & real).nonzero()[:1]]
+        _check(not at, name, "be finite on real tokens",
+               at and f"{x[at[0]].item()} at index {at[0]}")
     n, denom = int(values[1]), max(values[1], 1)
     stats = dict(num_tokens=n)
     if ratio is not None:  # ratio.sum() counted padding's 1s: take them out
@@ -654,19 +653,16 @@ def _loss_stats(checks, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
 
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
-    """One round of fill_batch's sampler: a dict of tensors holding filter_key, all of one leading
-    size b, with the first round's keys and trailing shapes. Returns the first round."""
-    keys = sorted(groups) if isinstance(groups, dict) else type(groups).__name__
-    same = isinstance(groups, dict) and set(groups) == set(first or groups)
-    _check(same and filter_key in groups, "sample_groups()", f"return a dict with key "
-           f"{filter_key!r} (the filter_key), the same keys every round"
-           + (f": first {sorted(first)}" if first else ""), keys)
+    """One round of fill_batch's sampler: a dict of tensors, filter_key among them, of one leading
+    size b, and the first round's keys and trailing shapes. Returns the first round."""
+    groups_ = groups if isinstance(groups, dict) else {}
     shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) and value.dim() else
-              type(value).__name__ for key, value in groups.items()}
-    b = shapes[filter_key][0] if isinstance(shapes[filter_key], tuple) else None
-    for key, shape in shapes.items():
-        trailing = tuple(first[key].shape[1:]) if first else shape[1:]
-        _check(isinstance(shape, tuple) and shape[0] == b and shape[1:] == trailing,
-               f"sample_groups()[{key!r}]", f"be a tensor with leading dimension b = {b} like "
-               f"{filter_key!r}" + (f" and trailing shape {trailing}" if first else ""), shape)
-    return groups if first is None else first
+              type(value).__name__ for key, value in groups_.items()}
+    b = shapes.get(filter_key, ("b",))[0]
+    want = {key: ("b",) + tuple(value.shape[1:]) for key, value in (first or {}).items()}
+    _check(filter_key in shapes and all(isinstance(s, tuple) and s[0] == b for s in shapes.values())
+           and (first is None or want == {k: ("b",) + s[1:] for k, s in shapes.items()}),
+           "sample_groups()", f"return a dict of tensors with key {filter_key!r} (the filter_key), "
+           f"leading dimension b = {b}" + f", the first round's shapes {want}" * bool(first),
+           shapes or type(groups).__name__)
+    return first or groups
