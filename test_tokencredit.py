@@ -1269,7 +1269,7 @@ DOORS = [(door(f, name, bad), rf"^{name}\b.* must .+, got ") for f in GOOD
     (P(tc.token_entropy, torch.full((1, 1, 2), -INF)), "finite value at every position"),
     (P(tc.shift_diagnostics, torch.tensor([[NAN]]), Z(1, 1), O(1, 1)), "d_pos must be finite"),
     (P(tc.self_distillation_loss, torch.tensor([[[-INF, 0]]]), Z(1, 1, 2), O(1, 1)),
-     "student_logits must be finite or -inf, and > -inf wherever teacher_logits are"),
+     "student_logits must be finite or -inf, and > -inf where teacher_logits are"),
     (P(tc.self_distillation_loss, torch.tensor([[[NAN, 0]]]), Z(1, 1, 2), O(1, 1)),
      "student_logits must be finite or -inf.* on real tokens, got nan"),
 ]

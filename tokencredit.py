@@ -14,23 +14,20 @@ One pure function per idea, in the order the data flows through a training step:
     5. token credit      counterfactual_shifts, counterfactual_sensitivity, cscr_weights,
                          token_entropy, high_entropy_mask  (per-token advantages: A[:, None] * w)
     6. diagnostics       shift_diagnostics
-Each public function is: docstring, input checks (the _check_* helpers at the bottom), the math.
-The checks are made once, at the door: a function that another one calls keeps its math in an
-unchecked _private twin just below it, which the caller uses. Nothing here needs a model.
+Each public function is: docstring, its inputs checked once at the door (_check_* at the bottom),
+the math. Math that another function reuses sits in an unchecked _twin just below the door, and
+the caller calls the twin. Nothing here needs a model or a tokenizer.
 
 References
 [1] GRPO: Shao et al., "DeepSeekMath", arXiv 2402.03300.
 [2] Dr. GRPO: Liu et al., "Understanding R1-Zero-Like Training", arXiv 2503.20783.
-[3] DAPO: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
-    arXiv 2503.14476.
-[4] CSCR: "Not All Tokens Deserve Equal Credit", known to us only from a Hugging Face Daily
-    Papers summary (which gives no arXiv id and no authors). The sensitivity, weighting and
-    renormalisation here are OUR READING, every choice a parameter.
+[3] DAPO: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", 2503.14476.
+[4] CSCR: "Not All Tokens Deserve Equal Credit", known to us only from a Hugging Face Daily Papers
+    summary (no arXiv id, no authors): its sensitivity, weights and renormalisation are OUR READING.
 [5] PPO: Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347.
 [6] k3: J. Schulman, "Approximating KL Divergence", blog post, 2020.
 [7] GSPO: Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071.
-[8] RLOO: Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style Optimization",
-    arXiv 2402.14740.
+[8] RLOO: Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style Optimization", 2402.14740.
 [9] Wang et al., "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective RLVR",
     arXiv 2506.01939.
 
@@ -78,14 +75,13 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
                      baseline: str = "mean") -> torch.Tensor:
     """Group-relative advantage of each response, A_i = (r_i - b_i) / s.
 
-    baseline "mean" (GRPO [1]): b_i = mean_j r_j, which holds r_i: with s = 1 the expected
-             gradient is (G-1)/G of REINFORCE's; "leave_one_out" (RLOO [8]):
-             b_i = mean_{j != i} r_j keeps it exactly
-    scale    "std" (GRPO): s = std_j r_j + eps (Bessel, eps outside the sqrt); "batch": s = std of
+    baseline "mean" (GRPO [1]): b_i = mean_j r_j, which holds r_i: with s = 1 the expected gradient
+             is (G-1)/G of REINFORCE's; "leave_one_out" (RLOO [8]): mean_{j != i} r_j keeps it.
+    scale    "std" (GRPO): s = std_j r_j + eps (Bessel, eps outside the sqrt); "batch": the std of
              all B*G rewards + eps; "none" (Dr. GRPO [2]): s = 1. s depends on r_i too: no
              baseline, and with it neither version keeps the expected gradient exactly.
-    A group whose rewards are all equal gets exactly 0, and so does G = 1.
-    Args: rewards (B, G) finite. Returns: advantages (B, G), given to every token of the response.
+    All rewards of a group equal (or G = 1): exactly 0. Args: rewards (B, G) finite.
+    Returns: advantages (B, G), given to every token of the response.
     """
     _check_inputs(rewards=rewards, scale=scale, eps=eps, baseline=baseline)
     rewards = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
@@ -123,14 +119,12 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
                max_rounds: int, filter_key: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, int]]:
     """DAPO's dynamic sampling: sample rounds of groups, keep the informative ones.
 
-    sample_groups() returns a dict of tensors sharing a leading dimension (that round's groups).
-    A group is kept where informative_groups(groups[filter_key]), in the order sampled; the surplus
-    beyond batch_size is dropped. After max_rounds calls it returns what it has, maybe fewer, maybe
-    none (then each tensor has 0 groups and the last round's other dimensions). DAPO keeps
-    0 < #correct < G: filter on the verdicts ("correct"), not a shaped reward. Each round is
-    checked as it comes (_check_round, then informative_groups' door for its filter_key).
-    Returns: (batch, stats): rounds (calls made), groups_seen (groups sampled), groups_informative
-    (of those, the informative, surplus included), groups_kept (in batch), full (1 if batch_size).
+    sample_groups() returns a dict of tensors sharing a leading dimension (that round's groups),
+    checked as it comes. A group is kept where informative_groups(groups[filter_key]), in the order
+    sampled, the surplus dropped. After max_rounds calls it returns what it has, maybe none (each
+    tensor with 0 groups). DAPO keeps 0 < #correct < G: filter on the verdicts, not a shaped reward.
+    Returns: (batch, stats): rounds (calls made), groups_seen, groups_informative (surplus
+    included), groups_kept (in batch), full (1 if batch_size were kept).
     """
     _check(callable(sample_groups), "sample_groups", "be callable", repr(sample_groups))
     _check_inputs(batch_size=batch_size, max_rounds=max_rounds)
@@ -161,9 +155,8 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
 def policy_gradient_surrogate(logp: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """REINFORCE's per-token loss, loss_t = -A_t log pi(o_t | q, o_<t), whose gradient is -A_t.
 
-    A may be the raw reward (REINFORCE), a baselined advantage (GRPO) or per token (CSCR). The
-    gradient ignores which policy sampled o_t, so it is right only on-policy. The advantages are
-    constants of the loss (no gradient is meant for them): pass them detached, as policy_loss does.
+    A: the reward (REINFORCE), a baselined advantage (GRPO) or per token (CSCR), a constant (pass it
+    detached, as policy_loss does). Right only on-policy: it ignores which policy sampled o_t.
     Args: logp (N, T); advantages (N,) or (N, T). Returns: loss (N, T), not yet aggregated.
     """
     _check_inputs(logp=logp, advantages=advantages)
@@ -179,10 +172,8 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
                      level: str = "token") -> torch.Tensor:
     """pi_theta / pi_old, per token (PPO, GRPO) or per sequence (GSPO [7]); exactly 1 on padding.
 
-    "token": rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t}); "sequence" and "sequence_token":
-    sequence_ratio's s_i on every token of response i.
-    Args: logp, old_logp (a constant: no gradient flows into it), mask (N, T).
-    Returns: ratio (N, T).
+    "token": rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t}); "sequence", "sequence_token": GSPO's s_i.
+    Args: logp, old_logp (a constant: no gradient flows into it), mask (N, T). Returns: (N, T).
     """
     mask = _check_inputs(logp=logp, old_logp=old_logp, mask=mask, level=level)
     return _importance_ratio(logp, old_logp, mask, level)
@@ -201,8 +192,7 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
     s_i = exp(1/|o_i| sum_t (logp_{i,t} - old_logp_{i,t})), on every token of response i, so
     d s_i / d logp_{i,t} = s_i / |o_i|. per_token (GSPO-token): sg[s_i] * pi_{i,t} / sg[pi_{i,t}],
     the same value with d / d logp_{i,t} = s_i, for per-token advantages.
-    Args: logp, old_logp (a constant), mask (N, T). Returns: ratio (N, T), 1 on padding, in at
-    least float32 (bf16 cannot resolve GSPO's 3e-4 over 1000 tokens).
+    Returns: (N, T), 1 on padding, in at least float32 (bf16 cannot resolve 3e-4 over 1000 tokens).
     """
     mask = _check_inputs(logp=logp, old_logp=old_logp, mask=mask)
     _check(type(per_token) is bool, "per_token", "be True or False", repr(per_token))
@@ -223,9 +213,8 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: fl
                       eps_high: float = 0.2) -> torch.Tensor:
     """PPO-clip's per-token loss [5]: -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t).
 
-    At rho = 1 its gradient is REINFORCE's; once rho leaves the range in the direction A pushes,
-    0. GRPO uses one eps; eps_high > eps_low is DAPO's Clip-Higher [3]. eps_low >= 1 switches the
-    lower clip off (a ratio is > 0), a large eps_high the upper one.
+    At rho = 1 its gradient is REINFORCE's; once rho leaves the range in the direction A pushes, 0.
+    GRPO uses one eps; eps_high > eps_low is DAPO's Clip-Higher [3]; eps_low >= 1: no lower clip.
     Args: ratio (N, T) from importance_ratio; advantages (N,) or (N, T). Returns: loss (N, T).
     """
     _check_inputs(ratio=ratio, advantages=advantages, eps_low=eps_low, eps_high=eps_high)
@@ -242,10 +231,9 @@ def _clipped_surrogate(ratio, A, eps_low, eps_high):
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """The k3 estimator [6] of KL(pi_theta || pi_ref): KL_t = r - log r - 1, r = pi_ref / pi_theta.
 
-    Unbiased for o_t drawn from pi_theta (GRPO samples from pi_old) and never negative; its lower
-    variance is an empirical finding for nearby policies, not a guarantee. As a loss its gradient
-    is (1 - r) d log pi_theta, whose expectation is the gradient of KL(pi_ref || pi_theta).
-    Args: logp, ref_logp (N, T). Returns: kl (N, T) >= 0.
+    Unbiased for o_t drawn from pi_theta (GRPO samples from pi_old), never negative; low variance
+    is found for nearby policies, not guaranteed. As a loss its gradient is (1 - r) d log pi_theta,
+    in expectation that of KL(pi_ref || pi_theta). Args: logp, ref_logp (N, T). Returns: (N, T).
     """
     _check_inputs(logp=logp, ref_logp=ref_logp)
     return _kl_k3(logp, ref_logp)
@@ -264,16 +252,13 @@ def token_weights(mask: torch.Tensor, mode: str, group_size: Optional[int] = Non
     """w_{i,t} = mask_{i,t} / d_i, the weight of each token in loss = sum_{i,t} w_{i,t} loss_{i,t}.
 
     The denominator d_i is the one place where the methods' aggregations differ:
-    "sample"      GRPO [1]             d_i = N * |o_i|               mean per response, then
-                                                                    over responses
-    "token"       verl, TRL "dapo"     d_i = sum_{j in batch} |o_j|    one mean over the tokens
-    "group_token" DAPO [3] as printed  d_i = B * sum_{j in group(i)} |o_j|   token mean per
-                                                                    prompt, then over prompts
-    "constant"    Dr. GRPO [2]         d_i = N * max_len              no length at all
-    A count of 0 is clamped to 1, so an empty response (group) gets weight 0, not NaN.
-    Args: mask (N, T); group_size ("group_token"); max_len, any positive constant ("constant",
-    Dr. GRPO's generation budget). Returns: weights (N, T) float32, 0 on padding. They sum to 1
-    for "token"; for "sample" and "group_token" when no response (group) is empty.
+    "sample"      GRPO [1]             d_i = N |o_i|                      per response, then of N
+    "token"       verl, TRL "dapo"     d_i = sum_{j in batch} |o_j|       one mean of all tokens
+    "group_token" DAPO [3] as printed  d_i = B sum_{j in group(i)} |o_j|  per prompt, then of B
+    "constant"    Dr. GRPO [2]         d_i = N max_len                    no length at all
+    A count of 0 is clamped to 1: an empty response (group) gets weight 0, not NaN.
+    Args: mask (N, T); group_size ("group_token"); max_len, Dr. GRPO's budget ("constant").
+    Returns: (N, T) float32, 0 on padding; sums to 1 but for "constant" and empty responses.
     """
     mask = _check_inputs(mask=mask, mode=mode, group_size=group_size, max_len=max_len)
     return mask / _loss_denominators(mask, mode, group_size, max_len)[:, None]  # (N, T)
@@ -299,9 +284,8 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str,
               group_size: Optional[int] = None, max_len: Optional[float] = None) -> torch.Tensor:
     """One scalar from a per-token quantity: sum_{i,t} w_{i,t} x_{i,t} = sum_i 1/d_i sum_t x_{i,t}.
 
-    Padding values, even NaN or inf, reach neither the result nor its gradient w.r.t. per_token.
-    Args: per_token (N, T), any dtype (integers are averaged as float32); mask (N, T); mode,
-    group_size, max_len as in token_weights. Returns: a 0-d tensor, float.
+    Padding values, even NaN or inf, reach neither the result nor its gradient. Args: per_token
+    (N, T) (integers averaged as float32); mask, mode etc. as in token_weights. Returns: 0-d float.
     """
     mask = _check_inputs(per_token=per_token, mask=mask, mode=mode, group_size=group_size,
                          max_len=max_len)
@@ -326,20 +310,25 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     surrogate "clip":      clipped_surrogate(importance_ratio(logp, old_logp, mask, level), A)
               "reinforce": policy_gradient_surrogate(logp, A)   (old_logp may be None)
     On-policy (rho = 1) both give d loss / d logp_{i,t} = w_{i,t} (-A_{i,t} + beta (1 - pi_ref/pi)),
-    whatever the ratio_level. "sequence" (GSPO) needs advantages (N,). old_logp, ref_logp and the
-    advantages are constants (detached).
-    Args: logp, old_logp, mask (N, T); advantages (N,) or (N, T); mode, group_size, max_len as in
-    token_weights; eps_low, eps_high as in clipped_surrogate; ref_logp (N, T) when beta > 0.
+    whatever the ratio_level. old_logp, ref_logp and the advantages are constants (detached).
+    Args: logp, old_logp, mask (N, T); advantages (N,) or (N, T) ((N,) for "sequence", GSPO); mode
+    etc. as in token_weights; eps_* as in clipped_surrogate; ref_logp (N, T) when beta > 0.
     Returns: (loss, stats over real tokens: num_tokens, clip_frac_low (A < 0, rho < 1 - eps_low),
-    clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean (these three with surrogate "clip"),
-    kl_mean (only when beta > 0)), the stats Python floats (num_tokens an int). The inputs' values
-    are checked and the stats read back in one host-device synchronisation.
+    clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean (these with "clip"), kl_mean (beta > 0)),
+    read back with the check that the inputs are finite in one host-device synchronisation.
     """
-    mask, values_check = _check_loss_inputs(logp, old_logp, advantages, mask, mode, group_size,
-                                            max_len, eps_low, eps_high, ref_logp, beta,
-                                            surrogate, ratio_level)
+    mask = _check_inputs(surrogate=surrogate, ratio_level=ratio_level, beta=beta, logp=logp,
+                         old_logp=old_logp, ref_logp=ref_logp, advantages=advantages, mask=mask,
+                         mode=mode, group_size=group_size, max_len=max_len, eps_low=eps_low,
+                         eps_high=eps_high)
+    _check(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
+           "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
+    _check(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
+           "ratio_level 'sequence' (GSPO; 'sequence_token' takes (N, T))", tuple(advantages.shape))
+    given = dict(logp=logp, old_logp=old_logp, advantages=advantages,
+                 ref_logp=ref_logp if beta > 0 else None)  # their values are checked with the stats
     # padding becomes exactly 0 first: garbage there reaches no value and no gradient
-    inputs = _zero_padding(mask, logp, old_logp, advantages, ref_logp if beta > 0 else None)
+    inputs = _zero_padding(mask, *given.values())
     logp, old_logp, A, ref_logp = inputs  # A: (N, T), or (N, 1) for A_i on every token
     ratio = kl = None
     if surrogate == "clip":
@@ -351,12 +340,11 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
         kl = _kl_k3(logp, ref_logp)  # (N, T)
         per_token = per_token + beta * kl  # (N, T)
     loss = _aggregate(per_token, mask, mode, group_size, max_len)  # sum_{i,t} w_{i,t} per_token
-    return loss, _loss_stats(values_check, inputs, mask, ratio, kl, eps_low, eps_high)
+    return loss, _loss_stats(given, inputs, mask, ratio, kl, eps_low, eps_high)
 
 
 def _zero_padding(mask, logp, old_logp, advantages, ref_logp):
-    """policy_loss's inputs with padding set to exactly 0; old_logp, ref_logp and the advantages
-    detached (constants of the loss); per-response advantages (N,) as (N, 1), with no padding."""
+    """policy_loss's inputs, padding exactly 0, constants detached; advantages (N,) as (N, 1)."""
     old_logp, ref_logp = (x if x is None else torch.where(mask, x.detach(), 0.0)
                           for x in (old_logp, ref_logp))  # (N, T)
     A = advantages.detach()
@@ -371,9 +359,8 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
     """On-policy self-distillation (OPSD), CSCR's baseline: sum_{i,t} w_{i,t} KL(p_T || p_S)_t.
 
     p_T is the teacher (the same model given privileged context; no gradient), p_S the policy.
-    KL_t = sum_v p_T(v) (log p_T(v) - log p_S(v)) over the v with p_T(v) > 0, so a -inf logit of
-    the teacher (a masked vocabulary) counts as 0. The direction KL(teacher || student) is OUR
-    choice; many setups use KL(student || teacher).
+    KL_t = sum_{v: p_T(v) > 0} p_T(v) (log p_T(v) - log p_S(v)): a teacher's -inf logit counts 0.
+    The direction KL(teacher || student) is OUR choice; many setups use KL(student || teacher).
     Args: student_logits, teacher_logits (N, T, V); mask; mode etc. as in token_weights.
     """
     mask = _check_inputs(student_logits=student_logits, teacher_logits=teacher_logits,
@@ -423,13 +410,11 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
 
     w_t  = exp(-strength * max(0, s_t - threshold))
     w~_t = |o_i| * w_t / sum_{t' real} w_t'      renormalised: a response's weights have mean 1
-    strength 0 gives w~ = 1 exactly (GRPO); padding and empty responses get 0. With them the
-    advantages A_{i,t} = w~_t A_i keep the sign of A_i and the budget sum_t A_{i,t} = |o_i| A_i:
-    the verifier decides the direction and the budget, the weights only where the credit lands.
-    Args: sensitivity (N, T) >= 0; mask; strength (alpha) >= 0; threshold (tau).
-    Returns: weights (N, T), float32; no strength underflows a response to 0/0 (w_t / sum w is
-    computed after shifting each response's log w_t by its largest). T = 0 (no token column)
-    gives an empty (N, 0) tensor: with no token there is no largest log w_t, so no shift.
+    strength 0 gives w~ = 1 exactly (GRPO); padding and empty responses 0. A_{i,t} = w~_t A_i keeps
+    A_i's sign and the budget sum_t A_{i,t} = |o_i| A_i: the verifier decides the direction and the
+    budget, the weights where the credit lands. Args: sensitivity (N, T) >= 0; mask; strength
+    (alpha) >= 0; threshold (tau). Returns: (N, T) float32; w / sum w after shifting log w_t by
+    the response's largest, so no strength underflows to 0/0 (T = 0: an empty (N, 0)).
     """
     mask = _check_inputs(sensitivity=sensitivity, mask=mask, strength=strength,
                          threshold=threshold)
@@ -488,11 +473,10 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
                       min_shift: float = 0.0) -> Dict[str, float]:
     """Do the two asserted outcomes push a token the same way? Over the "affected" real tokens.
 
-    affected: max(|d+|, |d-|) >= min_shift (all real tokens at 0). same_direction =
-    frac(d+ d- > 0), sign_reversal = frac(d+ d- < 0); mean_abs_pos, mean_abs_neg,
-    mean_sensitivity; the common part mean |d+ + d-| / 2 and the differential part
-    mean |d+ - d-| / 2. OUR statistic: the paper's counting rule for "affected" tokens is not
-    known to us. Also num_tokens, num_affected.
+    affected: max(|d+|, |d-|) >= min_shift (all real tokens at 0). same_direction = frac(d+ d- > 0),
+    sign_reversal = frac(d+ d- < 0); mean_abs_pos, mean_abs_neg, mean_sensitivity; the common part
+    mean |d+ + d-| / 2, the differential part mean |d+ - d-| / 2; num_tokens, num_affected. OUR
+    statistic: the paper's rule for "affected" tokens is not known to us.
     """
     mask = _check_inputs(d_pos=d_pos, d_neg=d_neg, mask=mask, min_shift=min_shift)
     sensitivity = _counterfactual_sensitivity(d_pos, d_neg)  # (N, T)
@@ -525,25 +509,28 @@ _SHAPES = dict(lengths="N", rewards="B G", values="B G", advantages="N|N T", log
                    ("logp", "old_logp", "ref_logp", "ratio", "logp_pos", "logp_neg"), "N T f"),
                **dict.fromkeys(("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"),
                                "N T"))
-_FINITE, _NO_NAN_OR_INF = lambda x, g: x.isfinite(), lambda x, g: ~x.isnan() & (x < math.inf)
-_VALUES = dict(  # what the values must be, and the test: of the tensor and the call's arguments
-    rewards=("finite", _FINITE), values=("finite", _FINITE), entropy=("finite", _FINITE),
-    d_pos=("finite", _FINITE), d_neg=("finite", _FINITE),
-    mask=("0 or 1", lambda m, g: (m == 0) | (m == 1)),
-    lengths=("finite and >= 0", lambda x, g: x.isfinite() & (x >= 0)),
-    sensitivity=("finite and >= 0", lambda x, g: x.isfinite() & (x >= 0)),
-    teacher_logits=("finite or -inf (a masked vocabulary)", _NO_NAN_OR_INF),
-    student_logits=("finite or -inf, and > -inf wherever teacher_logits are (or KL(teacher || "
-                    "student) is infinite)", lambda x, g: _NO_NAN_OR_INF(x, g) & (
-                        (x > -math.inf) | (g["teacher_logits"] == -math.inf))),
+_OPTIONAL = dict(old_logp=lambda given: given.get("surrogate") == "reinforce",  # may be None; and
+                 ref_logp=lambda given: given.get("beta") == 0)  # unused without a KL term
+_NO_NAN_OR_INF = lambda x, given: ~x.isnan() & (x < math.inf)  # noqa: E731 (-inf: masked out)
+_VALUES = dict(  # what the values must be: the test of the tensor, given the call's arguments
+    **dict.fromkeys(("rewards", "values", "entropy", "d_pos", "d_neg"),
+                    ("finite", lambda x, given: x.isfinite())),
+    **dict.fromkeys(("lengths", "sensitivity"),
+                    ("finite and >= 0", lambda x, given: x.isfinite() & (x >= 0))),
+    mask=("0 or 1", lambda m, given: (m == 0) | (m == 1)), teacher_logits=("finite or -inf",
+                                                                          _NO_NAN_OR_INF),
+    student_logits=("finite or -inf, and > -inf where teacher_logits are (or KL(teacher || "
+                    "student) is infinite)", lambda x, given: _NO_NAN_OR_INF(x, given) & (
+                        (x > -math.inf) | (given["teacher_logits"] == -math.inf))),
     logits=("finite or -inf, with a finite value at every position",
-            lambda x, g: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
-_AT_LEAST_0, _POSITIVE_INT = ("a finite number >= 0", lambda v, N: math.isfinite(v) and v >= 0), (
-    "a positive int", lambda v, N: type(v) is int and v > 0)
-_NUMBERS = dict(  # what the number must be, and the test (N: the call's number of responses)
-    eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0), beta=_AT_LEAST_0,
-    eps_low=("a number >= 0", lambda v, N: v >= 0), eps_high=("a number >= 0", lambda v, N: v >= 0),
-    strength=_AT_LEAST_0, min_shift=_AT_LEAST_0, batch_size=_POSITIVE_INT, max_rounds=_POSITIVE_INT,
+            lambda x, given: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
+_AT_LEAST_0 = ("a finite number >= 0", lambda v, N: math.isfinite(v) and v >= 0)
+_NUMBERS = dict(  # what the number must be: its test, N the call's number of responses
+    **dict.fromkeys(("beta", "strength", "min_shift"), _AT_LEAST_0),
+    **dict.fromkeys(("eps_low", "eps_high"), ("a number >= 0", lambda v, N: v >= 0)),
+    **dict.fromkeys(("batch_size", "max_rounds"), ("a positive int", lambda v, N: type(v) is int
+                                                    and v > 0)),
+    eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0),
     threshold=("a finite number", lambda v, N: math.isfinite(v)),
     top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
     group_size=("a positive int dividing N = {N} (mode 'group_token')",  # in their mode only
@@ -562,30 +549,30 @@ def _check(ok: bool, name: str, expected: str, got) -> None:
 
 def _check_inputs(**given) -> Optional[torch.Tensor]:
     """Each argument by its name's rule above. Returns the mask as bool, when one came."""
-    sizes, device, mode = {}, None, given.get("mode")  # sizes: letter -> (size, who set it)
-    for name, x in given.items():
+    sizes, device, mode = {}, None, given.get("mode")  # sizes: a letter's size
+    for name, x in list(given.items()):
         tensor, ok = isinstance(x, torch.Tensor), True
         got = tuple(x.shape) if tensor else repr(x)
-        if name in _CHOICES:
+        if name in _OPTIONAL and _OPTIONAL[name](given) and (x is None or name == "ref_logp"):
+            del given[name]
+        elif name in _CHOICES:
             ok, expected = type(x) is str and x in _CHOICES[name], f"be one of {_CHOICES[name]}"
+            got = repr(x)
         elif name in _NUMBERS:
-            (expected, test), N = _NUMBERS[name], sizes.get("N", ("N",))[0]
+            (expected, test), N = _NUMBERS[name], sizes.get("N", "N")
             number = isinstance(x, (int, float)) and not isinstance(x, bool)
             ok = _MODE_NEEDS.get(name, mode) != mode or number and test(x, N)
-            expected = "be " + expected.format(N=N)
+            expected, got = "be " + expected.format(N=N), repr(x)
         else:  # a tensor: one of its shapes, in the sizes of the tensors before it, on their device
             shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
             letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
-            sizes.update({k: (n, name) for k, n in zip(letters or (), got) if k not in sizes})
-            want = tuple(sizes[k][0] for k in letters or ())  # (N, T) = (8, 12)
-            like = ", ".join(sorted({sizes[k][1] for k in letters or ()} - {name}))
+            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), got))
             device, floating = device or getattr(x, "device", None), "f" in _SHAPES[name]
             ok = letters and want == x.shape and x.device == device and (
                 x.is_floating_point() or not floating)
             expected = "be a " + "floating-point " * floating + "torch.Tensor " + " or ".join(
                 f"({', '.join(s)}{',' * (len(s) == 1)})" for s in [letters] * bool(letters)
-                or shapes)
-            expected += f" = {want} like {like}" * bool(like) + f" on {device}" * bool(device)
+                or shapes) + f" = {want}" * bool(letters) + f" on {device}" * bool(device)
             got = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if tensor else type(x).__name__
         if not ok:
             raise ValueError(f"{name} must {expected}, got {got}")
@@ -602,44 +589,24 @@ def _check_inputs(**given) -> Optional[torch.Tensor]:
     return mask
 
 
-def _check_loss_inputs(logp, old_logp, advantages, mask, mode, group_size, max_len, eps_low,
-                       eps_high, ref_logp, beta, surrogate, ratio_level):
-    """policy_loss's door. Returns (mask as bool, the finite-on-real-tokens checks of the inputs'
-    values, for _loss_stats to run only if a sum it reads in its one synchronisation is not)."""
-    _check_inputs(beta=beta, surrogate=surrogate, ratio_level=ratio_level)
-    _check(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
-           "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
-    given = dict(logp=logp, old_logp=old_logp, ref_logp=ref_logp, advantages=advantages)
-    if old_logp is None and surrogate == "reinforce":  # REINFORCE needs no old policy
-        del given["old_logp"]
-    if beta == 0:  # no KL term, no reference policy
-        del given["ref_logp"]
-    mask = _check_inputs(**given, mask=mask, mode=mode, group_size=group_size, max_len=max_len,
-                         eps_low=eps_low, eps_high=eps_high)
-    _check(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
-           "ratio_level 'sequence' (GSPO; 'sequence_token' takes (N, T))", tuple(advantages.shape))
-    return mask, [(name, x, mask if x.dim() == 2 else True) for name, x in given.items()]
-
-
-def _loss_stats(checks, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
+def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
                 eps_high: float) -> Dict[str, float]:
-    """policy_loss's statistics over real tokens, read back in one synchronisation together with
-    the inputs' finiteness (then checks names the input at fault). inputs: the _zero_padding'ed
-    (logp, old_logp, A, ref_logp), finite exactly where the real tokens are."""
+    """policy_loss's statistics over real tokens, read back in one synchronisation with the check
+    that the inputs given are finite on real tokens (inputs: them _zero_padding'ed, so a NaN or inf
+    makes a sum one too; an overflow only looks further)."""
     A = inputs[2]  # (N, T) or (N, 1)
     with torch.no_grad():
-        ok = torch.ones((), dtype=torch.bool, device=mask.device)
-        for x in inputs:  # a NaN or inf makes the sum one too (an overflow only looks further)
-            ok = ok if x is None else ok & torch.isfinite(x.sum())  # 0-d: nothing is read yet
-        values = [ok, torch.count_nonzero(mask)]
+        finite = torch.stack([x.sum().isfinite() for x in inputs if x is not None]).all()
+        values = [finite, torch.count_nonzero(mask)]
         if ratio is not None:  # padding has rho = 1 exactly: never clipped
             values += [torch.count_nonzero((ratio < 1 - eps_low) & (A < 0)),
                        torch.count_nonzero((ratio > 1 + eps_high) & (A > 0)), ratio.sum()]
         if kl is not None:
             values.append(kl.sum())
         values = torch.stack([v.to(torch.float64) for v in values]).tolist()  # the one read
-    for name, x, real in checks if not values[0] else ():  # name the first bad value
-        at = [tuple(i.tolist()) for i in (~x.isfinite() & real).nonzero()[:1]]
+    for name, x in given.items() if not values[0] else ():  # a sum was not finite: which one?
+        bad = ~x.isfinite() & (mask if x.dim() == 2 else True) if x is not None else mask[:0]
+        at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
         _check(not at, name, "be finite on real tokens",
                at and f"{x[at[0]].item()} at index {at[0]}")
     n, denom = int(values[1]), max(values[1], 1)
