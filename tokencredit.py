@@ -504,32 +504,30 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # An argument is checked by its name. A tensor: its shape (a letter is one size in a call, so
 # logp's (N, T) is mask's; "|" between shapes allowed; f: floating point), its device (that of
 # the call's first tensor), its values (on real tokens when a mask comes). A number: its test.
-_SHAPES = dict(lengths="N", rewards="B G", values="B G", advantages="N|N T", logits="N T V f",
-               student_logits="N T V f", teacher_logits="N T V f", **dict.fromkeys(
-                   ("logp", "old_logp", "ref_logp", "ratio", "logp_pos", "logp_neg"), "N T f"),
-               **dict.fromkeys(("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"),
-                               "N T"))
+_SHAPES = dict(lengths="N", rewards="B G", values="B G", advantages="N|N T", **dict.fromkeys(
+    ("logits", "student_logits", "teacher_logits"), "N T V f"), **dict.fromkeys(
+    ("logp", "old_logp", "ref_logp", "ratio", "logp_pos", "logp_neg"), "N T f"), **dict.fromkeys(
+    ("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"), "N T"))
 _OPTIONAL = dict(old_logp=lambda given: given.get("surrogate") == "reinforce",  # may be None; and
                  ref_logp=lambda given: given.get("beta") == 0)  # unused without a KL term
-_NO_NAN_OR_INF = lambda x, given: ~x.isnan() & (x < math.inf)  # noqa: E731 (-inf: masked out)
-_VALUES = dict(  # what the values must be: the test of the tensor, given the call's arguments
-    **dict.fromkeys(("rewards", "values", "entropy", "d_pos", "d_neg"),
-                    ("finite", lambda x, given: x.isfinite())),
-    **dict.fromkeys(("lengths", "sensitivity"),
-                    ("finite and >= 0", lambda x, given: x.isfinite() & (x >= 0))),
-    mask=("0 or 1", lambda m, given: (m == 0) | (m == 1)), teacher_logits=("finite or -inf",
-                                                                          _NO_NAN_OR_INF),
+_VALUES = dict(  # what the values must be: a test of the tensor x and the call's arguments g
+    **dict.fromkeys(("rewards", "values", "entropy", "d_pos", "d_neg"), ("finite", lambda x, g:
+                                                                         x.isfinite())),
+    **dict.fromkeys(("lengths", "sensitivity"), ("finite and >= 0", lambda x, g: x.isfinite()
+                                                 & (x >= 0))),
+    mask=("0 or 1", lambda x, g: (x == 0) | (x == 1)),  # -inf logits: a masked-out vocabulary
+    teacher_logits=("finite or -inf", lambda x, g: ~x.isnan() & (x < math.inf)),
     student_logits=("finite or -inf, and > -inf where teacher_logits are (or KL(teacher || "
-                    "student) is infinite)", lambda x, given: _NO_NAN_OR_INF(x, given) & (
-                        (x > -math.inf) | (given["teacher_logits"] == -math.inf))),
+                    "student) is infinite)", lambda x, g: ~x.isnan() & (x < math.inf) & (
+                        (x > -math.inf) | (g["teacher_logits"] == -math.inf))),
     logits=("finite or -inf, with a finite value at every position",
-            lambda x, given: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
+            lambda x, g: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
 _AT_LEAST_0 = ("a finite number >= 0", lambda v, N: math.isfinite(v) and v >= 0)
 _NUMBERS = dict(  # what the number must be: its test, N the call's number of responses
     **dict.fromkeys(("beta", "strength", "min_shift"), _AT_LEAST_0),
     **dict.fromkeys(("eps_low", "eps_high"), ("a number >= 0", lambda v, N: v >= 0)),
-    **dict.fromkeys(("batch_size", "max_rounds"), ("a positive int", lambda v, N: type(v) is int
-                                                    and v > 0)),
+    **dict.fromkeys(("batch_size", "max_rounds"), ("a positive int",
+                                                    lambda v, N: type(v) is int and v > 0)),
     eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0),
     threshold=("a finite number", lambda v, N: math.isfinite(v)),
     top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
@@ -551,22 +549,20 @@ def _check_inputs(**given) -> Optional[torch.Tensor]:
     """Each argument by its name's rule above. Returns the mask as bool, when one came."""
     sizes, device, mode = {}, None, given.get("mode")  # sizes: a letter's size
     for name, x in list(given.items()):
-        tensor, ok = isinstance(x, torch.Tensor), True
-        got = tuple(x.shape) if tensor else repr(x)
+        tensor, ok, got = isinstance(x, torch.Tensor), True, repr(x)
         if name in _OPTIONAL and _OPTIONAL[name](given) and (x is None or name == "ref_logp"):
             del given[name]
         elif name in _CHOICES:
             ok, expected = type(x) is str and x in _CHOICES[name], f"be one of {_CHOICES[name]}"
-            got = repr(x)
         elif name in _NUMBERS:
             (expected, test), N = _NUMBERS[name], sizes.get("N", "N")
             number = isinstance(x, (int, float)) and not isinstance(x, bool)
             ok = _MODE_NEEDS.get(name, mode) != mode or number and test(x, N)
-            expected, got = "be " + expected.format(N=N), repr(x)
+            expected = "be " + expected.format(N=N)
         else:  # a tensor: one of its shapes, in the sizes of the tensors before it, on their device
             shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
             letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
-            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), got))
+            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), tensor and x.shape))
             device, floating = device or getattr(x, "device", None), "f" in _SHAPES[name]
             ok = letters and want == x.shape and x.device == device and (
                 x.is_floating_point() or not floating)
@@ -621,15 +617,13 @@ def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
     """One round of fill_batch's sampler: a dict of tensors, filter_key among them, of one leading
-    size b, and the first round's keys and trailing shapes. Returns the first round."""
-    groups_ = groups if isinstance(groups, dict) else {}
-    shapes = {key: tuple(value.shape) if isinstance(value, torch.Tensor) and value.dim() else
-              type(value).__name__ for key, value in groups_.items()}
-    b = shapes.get(filter_key, ("b",))[0]
-    want = {key: ("b",) + tuple(value.shape[1:]) for key, value in (first or {}).items()}
-    _check(filter_key in shapes and all(isinstance(s, tuple) and s[0] == b for s in shapes.values())
-           and (first is None or want == {k: ("b",) + s[1:] for k, s in shapes.items()}),
-           "sample_groups()", f"return a dict of tensors with key {filter_key!r} (the filter_key), "
-           f"leading dimension b = {b}" + f", the first round's shapes {want}" * bool(first),
-           shapes or type(groups).__name__)
+    size b, with the first round's keys and trailing shapes. Returns the first round."""
+    given = groups if isinstance(groups, dict) else {}
+    tensors = all(isinstance(x, torch.Tensor) and x.dim() for x in given.values())
+    shapes = {key: ("b",) + tuple(x.shape[1:]) for key, x in given.items()} if tensors else {}
+    want = {key: ("b",) + tuple(x.shape[1:]) for key, x in first.items()} if first else shapes
+    _check(filter_key in shapes and len({len(x) for x in given.values()}) == 1 and shapes == want,
+           "sample_groups()", f"return a dict of tensors with key {filter_key!r} (the filter_key),"
+           f" one leading size b" + f", shapes {want} as in the first round" * bool(first),
+           {k: tuple(getattr(x, "shape", ())) or x for k, x in given.items()} or repr(groups))
     return first or groups
