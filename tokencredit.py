@@ -562,7 +562,7 @@ def _check_inputs(**given) -> Optional[torch.Tensor]:
         else:  # a tensor: one of its shapes, in the sizes of the tensors before it, on their device
             shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
             letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
-            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), tensor and x.shape))
+            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), x.shape if tensor else ()))
             device, floating = device or getattr(x, "device", None), "f" in _SHAPES[name]
             ok = letters and want == x.shape and x.device == device and (
                 x.is_floating_point() or not floating)
