@@ -5,15 +5,8 @@ Every method here makes two choices for each token o_{i,t} of response i: an adv
 this token counts in the batch's loss). On-policy, the gradient of the loss with respect to
 log pi(o_{i,t}) is -w_{i,t} A_{i,t} (plus the KL term's when beta > 0); the rest is bookkeeping.
 
-One pure function per idea, in the order the data flows through a training step:
-    1. advantages        overlong_penalty, group_advantages
-    2. dynamic sampling  informative_groups, fill_batch
-    3. surrogate         policy_gradient_surrogate, importance_ratio, sequence_ratio,
-                         clipped_surrogate, kl_k3
-    4. aggregation       token_weights, aggregate, policy_loss, self_distillation_loss
-    5. token credit      counterfactual_shifts, counterfactual_sensitivity, cscr_weights,
-                         token_entropy, high_entropy_mask  (per-token advantages: A[:, None] * w)
-    6. diagnostics       shift_diagnostics
+One pure function per idea, in the order the data flows through a training step: 1. advantages,
+2. dynamic sampling, 3. the per-token surrogate, 4. aggregation, 5. token credit, 6. diagnostics.
 Each public function is: docstring, its inputs checked once at the door (_check_* at the bottom),
 the math. Math that another function reuses sits in an unchecked _twin just below the door, and
 the caller calls the twin. Nothing here needs a model or a tokenizer.
@@ -31,9 +24,8 @@ References
 [9] Wang et al., "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective RLVR",
     arXiv 2506.01939.
 
-Shapes: B prompts, G responses per prompt (a group), N = B * G responses (row n is in group
-n // G), T response tokens (padded), V vocabulary; mask (N, T) is 1 on real response tokens,
-|o_i| = mask[i].sum().
+Shapes: B prompts, G responses per prompt (a group), N = B * G responses (row n in group n // G),
+T response tokens (padded), V vocabulary; mask (N, T) is 1 on real tokens, |o_i| = mask[i].sum().
 """
 
 import math
@@ -347,8 +339,8 @@ def _zero_padding(mask, logp, old_logp, advantages, ref_logp):
     """policy_loss's inputs, padding exactly 0, constants detached; advantages (N,) as (N, 1)."""
     old_logp, ref_logp = (x if x is None else torch.where(mask, x.detach(), 0.0)
                           for x in (old_logp, ref_logp))  # (N, T)
-    A = advantages.detach()
-    A = torch.where(mask, A, 0.0) if A.dim() == 2 else A[:, None]  # (N, T) or (N, 1)
+    A = advantages.detach()  # (N, T), or (N,) with no padding, as (N, 1)
+    A = torch.where(mask, A, 0.0) if A.dim() == 2 else A[:, None]
     return torch.where(mask, logp, 0.0), old_logp, A, ref_logp
 
 
@@ -383,7 +375,7 @@ def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: 
 
     d+_t = log pi(o_t | c+, q, o_<t) - log pi(o_t | q, o_<t)     (c+ asserts "correct")
     d-_t = log pi(o_t | c-, q, o_<t) - log pi(o_t | q, o_<t)     (c- asserts "incorrect")
-    Args: logp, logp_pos, logp_neg (N, T), one trajectory scored three ways; mask (N, T).
+    Args: logp, logp_pos, logp_neg, mask (N, T): one trajectory scored three ways.
     Returns: (d_pos, d_neg), each (N, T), 0 on padding.
     """
     mask = _check_inputs(logp=logp, logp_pos=logp_pos, logp_neg=logp_neg, mask=mask)
@@ -393,8 +385,8 @@ def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: 
 def counterfactual_sensitivity(d_pos: torch.Tensor, d_neg: torch.Tensor) -> torch.Tensor:
     """s_t = max(|d+_t|, |d-_t|): OUR reading of CSCR's token sensitivity.
 
-    It scores a token both assertions push the same way (not about the outcome) as it scores one
-    they push apart; shift_diagnostics splits the two parts. Returns: (N, T) >= 0.
+    It scores a token both assertions push the same way (not about the outcome) as one they push
+    apart; shift_diagnostics splits the two. Returns: (N, T) >= 0.
     """
     _check_inputs(d_pos=d_pos, d_neg=d_neg)
     return _counterfactual_sensitivity(d_pos, d_neg)
@@ -444,10 +436,9 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor,
                       top_fraction: float = 0.2) -> torch.Tensor:
     """Wang et al. [9]: the policy gradient only on a batch's highest-entropy ("forking") tokens.
 
-    keep_{i,t} = 1 if H_{i,t} >= quantile(H over the batch's real tokens, 1 - top_fraction)
-    (ties at the threshold are all kept). No renormalisation: the loss keeps its denominator.
-    Args: entropy, mask (N, T); top_fraction in (0, 1], 0.2 in the paper.
-    Returns: keep (N, T) float.
+    keep_{i,t} = 1 if H_{i,t} >= quantile(H over the batch's real tokens, 1 - top_fraction), ties
+    all kept. No renormalisation: the loss keeps its denominator. Args: entropy, mask (N, T);
+    top_fraction in (0, 1], 0.2 in the paper. Returns: keep (N, T) float.
     """
     mask = _check_inputs(entropy=entropy, mask=mask, top_fraction=top_fraction)
     real = entropy[mask].float()  # (number of real tokens,)
@@ -501,9 +492,9 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # -----------------------------------------------------------------------------
 # input checks, made once at each public door: a ValueError says what was expected and what came
 
-# An argument is checked by its name. A tensor: its shape (a letter is one size in a call, so
-# logp's (N, T) is mask's; "|" between shapes allowed; f: floating point), its device (that of
-# the call's first tensor), its values (on real tokens when a mask comes). A number: its test.
+# An argument is checked by its name: a tensor's shape (a letter is one size in a call: logp's
+# (N, T) is mask's; "|" between shapes allowed; f: floating point), device (the first tensor's)
+# and values (on real tokens when a mask comes); a number's test; a choice's list.
 _SHAPES = dict(lengths="N", rewards="B G", values="B G", advantages="N|N T", **dict.fromkeys(
     ("logits", "student_logits", "teacher_logits"), "N T V f"), **dict.fromkeys(
     ("logp", "old_logp", "ref_logp", "ratio", "logp_pos", "logp_neg"), "N T f"), **dict.fromkeys(
@@ -562,7 +553,8 @@ def _check_inputs(**given) -> Optional[torch.Tensor]:
         else:  # a tensor: one of its shapes, in the sizes of the tensors before it, on their device
             shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
             letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
-            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), x.shape if tensor else ()))
+            shape = x.shape if letters else ()
+            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), shape))
             device, floating = device or getattr(x, "device", None), "f" in _SHAPES[name]
             ok = letters and want == x.shape and x.device == device and (
                 x.is_floating_point() or not floating)
@@ -605,8 +597,7 @@ def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
         at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
         _check(not at, name, "be finite on real tokens",
                at and f"{x[at[0]].item()} at index {at[0]}")
-    n, denom = int(values[1]), max(values[1], 1)
-    stats = dict(num_tokens=n)
+    stats, denom = dict(num_tokens=int(values[1])), max(values[1], 1)
     if ratio is not None:  # ratio.sum() counted padding's 1s: take them out
         stats.update(clip_frac_low=values[2] / denom, clip_frac_high=values[3] / denom,
                      ratio_mean=(values[4] - (mask.numel() - values[1])) / denom)
