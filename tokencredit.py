@@ -5,11 +5,9 @@ Every method here makes two choices for each token o_{i,t} of response i: an adv
 this token counts in the batch's loss). On-policy, the gradient of the loss with respect to
 log pi(o_{i,t}) is -w_{i,t} A_{i,t} (plus the KL term's when beta > 0); the rest is bookkeeping.
 
-One pure function per idea, in the order the data flows through a training step: 1. advantages,
-2. dynamic sampling, 3. the per-token surrogate, 4. aggregation, 5. token credit, 6. diagnostics.
-Each public function is: docstring, its inputs checked once at the door (_check_* at the bottom),
-the math. Math that another function reuses sits in an unchecked _twin just below the door, and
-the caller calls the twin. Nothing here needs a model or a tokenizer.
+One pure function per idea, in the order the data flows through a training step (sections 1-6).
+Each is: docstring, its inputs checked once at the door (_check_* at the bottom), the math. Math
+that another function reuses sits in an unchecked _twin below the door, which the caller calls.
 
 References
 [1] GRPO: Shao et al., "DeepSeekMath", arXiv 2402.03300.
@@ -49,7 +47,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     R(|o|) = 0                                        if |o| <= max_len - cache_len
            = ((max_len - cache_len) - |o|) / cache_len  if max_len - cache_len < |o| <= max_len
            = -1                                       if |o| > max_len
-    Args: lengths (N,); max_len the budget L_max; cache_len the soft zone, 0 < cache_len <= max_len.
+    Args: lengths (N,); max_len the budget L_max; cache_len in (0, max_len], the soft zone.
     Returns: penalty (N,) float in [-1, 0].
     """
     _check_inputs(lengths=lengths)
@@ -72,8 +70,8 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
     scale    "std" (GRPO): s = std_j r_j + eps (Bessel, eps outside the sqrt); "batch": the std of
              all B*G rewards + eps; "none" (Dr. GRPO [2]): s = 1. s depends on r_i too: no
              baseline, and with it neither version keeps the expected gradient exactly.
-    All rewards of a group equal (or G = 1): exactly 0. Args: rewards (B, G) finite.
-    Returns: advantages (B, G), given to every token of the response.
+    All rewards of a group equal (or G = 1): exactly 0. Args: rewards (B, G) finite. Returns:
+    advantages (B, G), given to every token of the response.
     """
     _check_inputs(rewards=rewards, scale=scale, eps=eps, baseline=baseline)
     rewards = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
@@ -101,8 +99,7 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
 def informative_groups(values: torch.Tensor) -> torch.Tensor:
     """True where a group's values are not all equal (0 < #correct < G): its advantages are not 0.
 
-    Args: values (B, G) finite; bool reads as 0/1. Returns: keep (B,) bool.
-    """
+    Args: values (B, G) finite; bool reads as 0/1. Returns: keep (B,) bool."""
     _check_inputs(values=values)
     return (values != values[:, :1]).any(dim=1)  # (B,)
 
@@ -111,12 +108,11 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
                max_rounds: int, filter_key: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, int]]:
     """DAPO's dynamic sampling: sample rounds of groups, keep the informative ones.
 
-    sample_groups() returns a dict of tensors sharing a leading dimension (that round's groups),
-    checked as it comes. A group is kept where informative_groups(groups[filter_key]), in the order
-    sampled, the surplus dropped. After max_rounds calls it returns what it has, maybe none (each
-    tensor with 0 groups). DAPO keeps 0 < #correct < G: filter on the verdicts, not a shaped reward.
-    Returns: (batch, stats): rounds (calls made), groups_seen, groups_informative (surplus
-    included), groups_kept (in batch), full (1 if batch_size were kept).
+    sample_groups() returns a dict of tensors sharing a leading dimension (a round's groups). A
+    group is kept where informative_groups(groups[filter_key]) (0 < #correct < G on the verdicts,
+    not a shaped reward), in the order sampled, the surplus dropped; after max_rounds calls, what
+    there is, maybe no group. Returns: (batch, stats): rounds (calls made), groups_seen,
+    groups_informative (surplus included), groups_kept (in batch), full (1 if batch_size kept).
     """
     _check(callable(sample_groups), "sample_groups", "be callable", repr(sample_groups))
     _check_inputs(batch_size=batch_size, max_rounds=max_rounds)
@@ -129,16 +125,11 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
         n_seen += keep.shape[0]
         n_informative += int(keep.sum())
         take = keep.nonzero().squeeze(1)[: batch_size - n_kept]  # drop the surplus
-        if take.numel() > 0:
-            kept.append({key: value[take] for key, value in groups.items()})
-            n_kept += take.numel()
-    if kept:
-        batch = {key: torch.cat([part[key] for part in kept], dim=0) for key in kept[0]}
-    else:  # nothing informative: empty tensors with the last round's trailing shapes
-        batch = {key: value[:0] for key, value in groups.items()}
-    stats = dict(rounds=rounds, groups_seen=n_seen, groups_informative=n_informative,
-                 groups_kept=n_kept, full=int(n_kept == batch_size))
-    return batch, stats
+        kept.append({key: value[take] for key, value in groups.items()})  # maybe 0 groups
+        n_kept += take.numel()
+    batch = {key: torch.cat([part[key] for part in kept], dim=0) for key in kept[0]}
+    return batch, dict(rounds=rounds, groups_seen=n_seen, groups_informative=n_informative,
+                       groups_kept=n_kept, full=int(n_kept == batch_size))
 
 
 # -----------------------------------------------------------------------------
@@ -248,9 +239,8 @@ def token_weights(mask: torch.Tensor, mode: str, group_size: Optional[int] = Non
     "token"       verl, TRL "dapo"     d_i = sum_{j in batch} |o_j|       one mean of all tokens
     "group_token" DAPO [3] as printed  d_i = B sum_{j in group(i)} |o_j|  per prompt, then of B
     "constant"    Dr. GRPO [2]         d_i = N max_len                    no length at all
-    A count of 0 is clamped to 1: an empty response (group) gets weight 0, not NaN.
-    Args: mask (N, T); group_size ("group_token"); max_len, Dr. GRPO's budget ("constant").
-    Returns: (N, T) float32, 0 on padding; sums to 1 but for "constant" and empty responses.
+    Args: mask (N, T); group_size ("group_token"); max_len, Dr. GRPO's budget ("constant"). Returns:
+    (N, T) float32, 0 on padding and (a count of 0 clamped to 1) on empty responses, not NaN.
     """
     mask = _check_inputs(mask=mask, mode=mode, group_size=group_size, max_len=max_len)
     return mask / _loss_denominators(mask, mode, group_size, max_len)[:, None]  # (N, T)
@@ -306,8 +296,8 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     Args: logp, old_logp, mask (N, T); advantages (N,) or (N, T) ((N,) for "sequence", GSPO); mode
     etc. as in token_weights; eps_* as in clipped_surrogate; ref_logp (N, T) when beta > 0.
     Returns: (loss, stats over real tokens: num_tokens, clip_frac_low (A < 0, rho < 1 - eps_low),
-    clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean (these with "clip"), kl_mean (beta > 0)),
-    read back with the check that the inputs are finite in one host-device synchronisation.
+    clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean (these with "clip"), kl_mean (beta > 0));
+    one host-device synchronisation reads them and checks that the inputs are finite.
     """
     mask = _check_inputs(surrogate=surrogate, ratio_level=ratio_level, beta=beta, logp=logp,
                          old_logp=old_logp, ref_logp=ref_logp, advantages=advantages, mask=mask,
@@ -320,8 +310,7 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     given = dict(logp=logp, old_logp=old_logp, advantages=advantages,
                  ref_logp=ref_logp if beta > 0 else None)  # their values are checked with the stats
     # padding becomes exactly 0 first: garbage there reaches no value and no gradient
-    inputs = _zero_padding(mask, *given.values())
-    logp, old_logp, A, ref_logp = inputs  # A: (N, T), or (N, 1) for A_i on every token
+    logp, old_logp, A, ref_logp = inputs = _zero_padding(mask, *given.values())  # A (N, T)/(N, 1)
     ratio = kl = None
     if surrogate == "clip":
         ratio = _importance_ratio(logp, old_logp, mask, ratio_level)  # (N, T) rho, or GSPO's s_i
@@ -337,11 +326,10 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
 
 def _zero_padding(mask, logp, old_logp, advantages, ref_logp):
     """policy_loss's inputs, padding exactly 0, constants detached; advantages (N,) as (N, 1)."""
-    old_logp, ref_logp = (x if x is None else torch.where(mask, x.detach(), 0.0)
-                          for x in (old_logp, ref_logp))  # (N, T)
-    A = advantages.detach()  # (N, T), or (N,) with no padding, as (N, 1)
-    A = torch.where(mask, A, 0.0) if A.dim() == 2 else A[:, None]
-    return torch.where(mask, logp, 0.0), old_logp, A, ref_logp
+    constants = (old_logp, advantages, ref_logp)
+    old_logp, A, ref_logp = (x if x is None else x.detach() if x.dim() == 1 else
+                             torch.where(mask, x.detach(), 0.0) for x in constants)
+    return torch.where(mask, logp, 0.0), old_logp, A if A.dim() == 2 else A[:, None], ref_logp
 
 
 def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -366,8 +354,8 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
 
 
 # -----------------------------------------------------------------------------
-# 5. which tokens carry the credit: CSCR [4] (our reading) and the high-entropy mask [9];
-#    either weighs the advantages per token, A_{i,t} = A_i w_{i,t} (A[:, None] * w), for policy_loss
+# 5. which tokens carry the credit, w_{i,t} in A_{i,t} = A_i w_{i,t} (A[:, None] * w): CSCR [4] (our
+#    reading), the high-entropy mask [9]
 
 def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: torch.Tensor,
                           mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -386,8 +374,7 @@ def counterfactual_sensitivity(d_pos: torch.Tensor, d_neg: torch.Tensor) -> torc
     """s_t = max(|d+_t|, |d-_t|): OUR reading of CSCR's token sensitivity.
 
     It scores a token both assertions push the same way (not about the outcome) as one they push
-    apart; shift_diagnostics splits the two. Returns: (N, T) >= 0.
-    """
+    apart; shift_diagnostics splits the two. Returns: (N, T) >= 0."""
     _check_inputs(d_pos=d_pos, d_neg=d_neg)
     return _counterfactual_sensitivity(d_pos, d_neg)
 
@@ -402,11 +389,11 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
 
     w_t  = exp(-strength * max(0, s_t - threshold))
     w~_t = |o_i| * w_t / sum_{t' real} w_t'      renormalised: a response's weights have mean 1
-    strength 0 gives w~ = 1 exactly (GRPO); padding and empty responses 0. A_{i,t} = w~_t A_i keeps
-    A_i's sign and the budget sum_t A_{i,t} = |o_i| A_i: the verifier decides the direction and the
-    budget, the weights where the credit lands. Args: sensitivity (N, T) >= 0; mask; strength
-    (alpha) >= 0; threshold (tau). Returns: (N, T) float32; w / sum w after shifting log w_t by
-    the response's largest, so no strength underflows to 0/0 (T = 0: an empty (N, 0)).
+    strength 0: w~ = 1 exactly (GRPO). A_{i,t} = w~_t A_i keeps A_i's sign and sum_t A_{i,t} =
+    |o_i| A_i: the verifier decides the direction and budget, the weights where credit lands.
+    Args: sensitivity (N, T) >= 0; mask; strength (alpha) >= 0; threshold (tau). Returns: (N, T)
+    float32, 0 on padding and empty responses; log w_t shifted by its response's largest first, so
+    no strength underflows to 0/0 (T = 0: an empty (N, 0)).
     """
     mask = _check_inputs(sensitivity=sensitivity, mask=mask, strength=strength,
                          threshold=threshold)
@@ -424,8 +411,7 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """H_t = -sum_v p_t(v) log p_t(v), the policy's entropy at each position, in float32.
 
     A -inf logit (a masked-out token) has p = 0 and adds nothing: the entropy is over the tokens
-    that remain. Args: logits (N, T, V). Returns: (N, T); aggregate(H, mask, "token") is its mean.
-    """
+    that remain. Args: logits (N, T, V). Returns: (N, T); aggregate(H, mask, "token"): its mean."""
     _check_inputs(logits=logits)
     logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T, V)
     p = logp.exp()  # (N, T, V)
@@ -449,8 +435,7 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor,
 
 
 def _quantile(x, q):
-    """torch.quantile(x, q) of a float32 x (n,) at any n (torch.quantile stops at 2^24): rank
-    q (n - 1), interpolated between its nearest ranks, in torch.quantile's float32 steps."""
+    """torch.quantile(x, q) in its float32 steps, at any len(x) (it stops at 2^24)."""
     rank = torch.tensor(q, dtype=x.dtype, device=x.device) * (x.numel() - 1)  # 0-d
     below, above = (min(int(k), x.numel() - 1) for k in (rank.floor(), rank.ceil()))
     lower, upper = (torch.kthvalue(x, k + 1).values for k in (below, above))  # k-th smallest
@@ -474,19 +459,13 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
     affected = mask & (sensitivity >= min_shift)  # (N, T)
     num_affected = affected.sum()
     denom = num_affected.clamp(min=1).to(torch.float32)
-
-    def mean_over_affected(x):
-        return float(torch.where(affected, x, 0.0).sum() / denom)
-
     product = d_pos * d_neg  # (N, T)
-    return dict(same_direction=float((affected & (product > 0)).sum() / denom),
-                sign_reversal=float((affected & (product < 0)).sum() / denom),
-                mean_abs_pos=mean_over_affected(d_pos.abs()),
-                mean_abs_neg=mean_over_affected(d_neg.abs()),
-                mean_sensitivity=mean_over_affected(sensitivity),
-                mean_abs_common=mean_over_affected((d_pos + d_neg).abs() / 2),
-                mean_abs_differential=mean_over_affected((d_pos - d_neg).abs() / 2),
-                num_tokens=int(mask.sum()), num_affected=int(num_affected))
+    parts = dict(same_direction=product > 0, sign_reversal=product < 0, mean_abs_pos=d_pos.abs(),
+                 mean_abs_neg=d_neg.abs(), mean_sensitivity=sensitivity,
+                 mean_abs_common=(d_pos + d_neg).abs() / 2,
+                 mean_abs_differential=(d_pos - d_neg).abs() / 2)  # each (N, T), averaged:
+    means = {name: float(torch.where(affected, x, 0.0).sum() / denom) for name, x in parts.items()}
+    return dict(means, num_tokens=int(mask.sum()), num_affected=int(num_affected))
 
 
 # -----------------------------------------------------------------------------
@@ -499,8 +478,10 @@ _SHAPES = dict(lengths="N", rewards="B G", values="B G", advantages="N|N T", **d
     ("logits", "student_logits", "teacher_logits"), "N T V f"), **dict.fromkeys(
     ("logp", "old_logp", "ref_logp", "ratio", "logp_pos", "logp_neg"), "N T f"), **dict.fromkeys(
     ("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"), "N T"))
-_OPTIONAL = dict(old_logp=lambda given: given.get("surrogate") == "reinforce",  # may be None; and
-                 ref_logp=lambda given: given.get("beta") == 0)  # unused without a KL term
+_UNUSED = dict(  # when the call does not use the argument, it is not checked
+    old_logp=lambda g: g["old_logp"] is None and g.get("surrogate") == "reinforce",
+    ref_logp=lambda g: g.get("beta") == 0, group_size=lambda g: g.get("mode") != "group_token",
+    max_len=lambda g: g.get("mode") != "constant")
 _VALUES = dict(  # what the values must be: a test of the tensor x and the call's arguments g
     **dict.fromkeys(("rewards", "values", "entropy", "d_pos", "d_neg"), ("finite", lambda x, g:
                                                                          x.isfinite())),
@@ -513,20 +494,19 @@ _VALUES = dict(  # what the values must be: a test of the tensor x and the call'
                         (x > -math.inf) | (g["teacher_logits"] == -math.inf))),
     logits=("finite or -inf, with a finite value at every position",
             lambda x, g: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
-_AT_LEAST_0 = ("a finite number >= 0", lambda v, N: math.isfinite(v) and v >= 0)
 _NUMBERS = dict(  # what the number must be: its test, N the call's number of responses
-    **dict.fromkeys(("beta", "strength", "min_shift"), _AT_LEAST_0),
+    **dict.fromkeys(("beta", "strength", "min_shift"), ("a finite number >= 0", lambda v, N:
+                                                        math.isfinite(v) and v >= 0)),
     **dict.fromkeys(("eps_low", "eps_high"), ("a number >= 0", lambda v, N: v >= 0)),
-    **dict.fromkeys(("batch_size", "max_rounds"), ("a positive int",
-                                                    lambda v, N: type(v) is int and v > 0)),
+    **dict.fromkeys(("batch_size", "max_rounds"), ("a positive int", lambda v, N: type(v) is int
+                                                    and v > 0)),
     eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0),
     threshold=("a finite number", lambda v, N: math.isfinite(v)),
     top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
-    group_size=("a positive int dividing N = {N} (mode 'group_token')",  # in their mode only
+    group_size=("a positive int dividing N = {N} (mode 'group_token')",
                 lambda v, N: type(v) is int and v > 0 and N % v == 0),
     max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
              lambda v, N: math.isfinite(v) and v > 0))
-_MODE_NEEDS = dict(group_size="group_token", max_len="constant")
 _CHOICES = dict(scale=ADVANTAGE_SCALES, baseline=BASELINES, level=RATIO_LEVELS,
                 ratio_level=RATIO_LEVELS, surrogate=SURROGATES, mode=AGGREGATION_MODES)
 
@@ -538,17 +518,17 @@ def _check(ok: bool, name: str, expected: str, got) -> None:
 
 def _check_inputs(**given) -> Optional[torch.Tensor]:
     """Each argument by its name's rule above. Returns the mask as bool, when one came."""
-    sizes, device, mode = {}, None, given.get("mode")  # sizes: a letter's size
+    sizes, device = {}, None  # sizes: a letter's size
     for name, x in list(given.items()):
         tensor, ok, got = isinstance(x, torch.Tensor), True, repr(x)
-        if name in _OPTIONAL and _OPTIONAL[name](given) and (x is None or name == "ref_logp"):
+        if name in _UNUSED and _UNUSED[name](given):
             del given[name]
         elif name in _CHOICES:
             ok, expected = type(x) is str and x in _CHOICES[name], f"be one of {_CHOICES[name]}"
         elif name in _NUMBERS:
             (expected, test), N = _NUMBERS[name], sizes.get("N", "N")
             number = isinstance(x, (int, float)) and not isinstance(x, bool)
-            ok = _MODE_NEEDS.get(name, mode) != mode or number and test(x, N)
+            ok = number and test(x, N)
             expected = "be " + expected.format(N=N)
         else:  # a tensor: one of its shapes, in the sizes of the tensors before it, on their device
             shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
@@ -579,9 +559,8 @@ def _check_inputs(**given) -> Optional[torch.Tensor]:
 
 def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
                 eps_high: float) -> Dict[str, float]:
-    """policy_loss's statistics over real tokens, read back in one synchronisation with the check
-    that the inputs given are finite on real tokens (inputs: them _zero_padding'ed, so a NaN or inf
-    makes a sum one too; an overflow only looks further)."""
+    """policy_loss's stats over real tokens, read in one synchronisation with the check that the
+    inputs are finite there (padding 0: a NaN or inf makes a sum one; an overflow looks further)."""
     A = inputs[2]  # (N, T) or (N, 1)
     with torch.no_grad():
         finite = torch.stack([x.sum().isfinite() for x in inputs if x is not None]).all()
