@@ -101,6 +101,8 @@ MISTAKES = (
     (8, "high_entropy_mask returning bool", (
         ("return (mask & (entropy.float() >= threshold)).float()",
          "return mask & (entropy.float() >= threshold)"),)),
+    (8, "the threshold over padding too", (("real = entropy[mask].float()",
+                                            "real = entropy.flatten().float()"),)),
 )
 CORRECT = (  # other correct solutions, each at full marks: (exercise, what, edits)
     (1, "a module-level constant", (

@@ -760,7 +760,7 @@ def test_gspo_token_equals_gspo_when_a_response_has_one_advantage():
     assert 0 < moved.sum() < N  # the data holds both cases
     assert torch.allclose(results["sequence"][0], results["sequence_token"][0], atol=1e-14)
     assert torch.allclose(results["sequence"][1], results["sequence_token"][1], atol=1e-14)
-    with pytest.raises(ValueError, match=r"'sequence_token' takes \(N, T\)"):
+    with pytest.raises(ValueError, match=r"'sequence_token': \(N, T\)"):
         tc.policy_loss(logp_true, old, adv[:, None].expand(N, T), mask, ratio_level="sequence")
 
 

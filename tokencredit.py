@@ -51,9 +51,9 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     Returns: penalty (N,) float in [-1, 0].
     """
     _check_inputs(lengths=lengths)
-    _check(type(max_len) is int and max_len > 0, "max_len", "be a positive int", repr(max_len))
-    _check(type(cache_len) is int and 0 < cache_len <= max_len, "cache_len",
-           f"be an int in (0, max_len = {max_len}]", repr(cache_len))
+    _check_that(type(max_len) is int and max_len > 0, "max_len", "be a positive int", repr(max_len))
+    _check_that(type(cache_len) is int and 0 < cache_len <= max_len, "cache_len",
+                f"be an int in (0, max_len = {max_len}]", repr(cache_len))
     lengths = lengths.to(torch.float32)  # (N,)
     soft_start = max_len - cache_len
     ramp = (soft_start - lengths) / cache_len  # (N,) in [-1, 0) inside the soft zone
@@ -114,7 +114,7 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     there is, maybe no group. Returns: (batch, stats): rounds (calls made), groups_seen,
     groups_informative (surplus included), groups_kept (in batch), full (1 if batch_size kept).
     """
-    _check(callable(sample_groups), "sample_groups", "be callable", repr(sample_groups))
+    _check_that(callable(sample_groups), "sample_groups", "be callable", repr(sample_groups))
     _check_inputs(batch_size=batch_size, max_rounds=max_rounds)
     kept, n_kept, n_seen, n_informative, rounds, first = [], 0, 0, 0, 0, None
     while n_kept < batch_size and rounds < max_rounds:
@@ -178,7 +178,7 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
     Returns: (N, T), 1 on padding, in at least float32 (bf16 cannot resolve 3e-4 over 1000 tokens).
     """
     mask = _check_inputs(logp=logp, old_logp=old_logp, mask=mask)
-    _check(type(per_token) is bool, "per_token", "be True or False", repr(per_token))
+    _check_that(type(per_token) is bool, "per_token", "be True or False", repr(per_token))
     return _sequence_ratio(logp, old_logp, mask, per_token)
 
 
@@ -303,10 +303,10 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
                          old_logp=old_logp, ref_logp=ref_logp, advantages=advantages, mask=mask,
                          mode=mode, group_size=group_size, max_len=max_len, eps_low=eps_low,
                          eps_high=eps_high)
-    _check(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
-           "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
-    _check(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
-           "ratio_level 'sequence' (GSPO; 'sequence_token' takes (N, T))", tuple(advantages.shape))
+    _check_that(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
+                "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
+    _check_that(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
+                "ratio_level 'sequence' (GSPO; 'sequence_token': (N, T))", tuple(advantages.shape))
     given = dict(logp=logp, old_logp=old_logp, advantages=advantages,
                  ref_logp=ref_logp if beta > 0 else None)  # their values are checked with the stats
     # padding becomes exactly 0 first: garbage there reaches no value and no gradient
@@ -511,7 +511,7 @@ _CHOICES = dict(scale=ADVANTAGE_SCALES, baseline=BASELINES, level=RATIO_LEVELS,
                 ratio_level=RATIO_LEVELS, surrogate=SURROGATES, mode=AGGREGATION_MODES)
 
 
-def _check(ok: bool, name: str, expected: str, got) -> None:
+def _check_that(ok: bool, name: str, expected: str, got) -> None:
     if not ok:
         raise ValueError(f"{name} must {expected}, got {got}")
 
@@ -574,8 +574,8 @@ def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
     for name, x in given.items() if not values[0] else ():  # a sum was not finite: which one?
         bad = ~x.isfinite() & (mask if x.dim() == 2 else True) if x is not None else mask[:0]
         at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
-        _check(not at, name, "be finite on real tokens",
-               at and f"{x[at[0]].item()} at index {at[0]}")
+        _check_that(not at, name, "be finite on real tokens",
+                    at and f"{x[at[0]].item()} at index {at[0]}")
     stats, denom = dict(num_tokens=int(values[1])), max(values[1], 1)
     if ratio is not None:  # ratio.sum() counted padding's 1s: take them out
         stats.update(clip_frac_low=values[2] / denom, clip_frac_high=values[3] / denom,
@@ -592,8 +592,9 @@ def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
     tensors = all(isinstance(x, torch.Tensor) and x.dim() for x in given.values())
     shapes = {key: ("b",) + tuple(x.shape[1:]) for key, x in given.items()} if tensors else {}
     want = {key: ("b",) + tuple(x.shape[1:]) for key, x in first.items()} if first else shapes
-    _check(filter_key in shapes and len({len(x) for x in given.values()}) == 1 and shapes == want,
-           "sample_groups()", f"return a dict of tensors with key {filter_key!r} (the filter_key),"
-           f" one leading size b" + f", shapes {want} as in the first round" * bool(first),
-           {k: tuple(getattr(x, "shape", ())) or x for k, x in given.items()} or repr(groups))
+    one_b = len({len(x) for x in given.values()}) == 1
+    _check_that(filter_key in shapes and one_b and shapes == want, "sample_groups()",
+                f"return a dict of tensors with key {filter_key!r} (the filter_key), one leading "
+                f"size b" + f", shapes {want} as in the first round" * bool(first),
+                {k: tuple(getattr(x, "shape", ())) or x for k, x in given.items()} or repr(groups))
     return first or groups
