@@ -363,8 +363,7 @@ def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: 
 
     d+_t = log pi(o_t | c+, q, o_<t) - log pi(o_t | q, o_<t)     (c+ asserts "correct")
     d-_t = log pi(o_t | c-, q, o_<t) - log pi(o_t | q, o_<t)     (c- asserts "incorrect")
-    Args: logp, logp_pos, logp_neg, mask (N, T): one trajectory scored three ways.
-    Returns: (d_pos, d_neg), each (N, T), 0 on padding.
+    Args: logp, logp_pos, logp_neg (one answer scored 3 ways), mask (N, T). Returns: (N, T) each.
     """
     mask = _check_inputs(logp=logp, logp_pos=logp_pos, logp_neg=logp_neg, mask=mask)
     return torch.where(mask, logp_pos - logp, 0.0), torch.where(mask, logp_neg - logp, 0.0)
@@ -520,7 +519,8 @@ def _check_inputs(**given) -> Optional[torch.Tensor]:
     """Each argument by its name's rule above. Returns the mask as bool, when one came."""
     sizes, device = {}, None  # sizes: a letter's size
     for name, x in list(given.items()):
-        tensor, ok, got = isinstance(x, torch.Tensor), True, repr(x)
+        tensor, ok = isinstance(x, torch.Tensor), True
+        got = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if tensor else repr(x)
         if name in _UNUSED and _UNUSED[name](given):
             del given[name]
         elif name in _CHOICES:
@@ -541,7 +541,7 @@ def _check_inputs(**given) -> Optional[torch.Tensor]:
             expected = "be a " + "floating-point " * floating + "torch.Tensor " + " or ".join(
                 f"({', '.join(s)}{',' * (len(s) == 1)})" for s in [letters] * bool(letters)
                 or shapes) + f" = {want}" * bool(letters) + f" on {device}" * bool(device)
-            got = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if tensor else type(x).__name__
+            got = got if tensor else type(x).__name__
         if not ok:
             raise ValueError(f"{name} must {expected}, got {got}")
     mask = given.get("mask")
