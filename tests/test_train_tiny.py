@@ -107,7 +107,6 @@ def tiny_policy(seed=0, device="cpu"):
     return tiny_task.build_tiny_model(tt.Args(n_layer=1, n_embd=32, n_head=2), tokenizer).to(device).eval(), tokenizer
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_token_logprobs_hand_worked_and_float32():
     logits = torch.tensor([[[0.0, math.log(3.0)], [2.0, 2.0]]])  # (1, 2, 2): p = (1/4, 3/4), (1/2, 1/2)
     assert torch.allclose(tt.token_logprobs(logits, torch.tensor([[1, 0]])),
@@ -122,6 +121,7 @@ def test_token_logprobs_hand_worked_and_float32():
     assert torch.allclose(got_bf16, tt.token_logprobs(logits.bfloat16().float(), targets))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_scored_logprobs_equal_the_sampling_distribution(device):
     """score() (one forward over left-padded prompts + responses) gives the log-probs sample_tokens() drew from."""
     model, tokenizer = tiny_policy(device=device)
