@@ -53,13 +53,12 @@ EXERCISE_LIMIT = 120.0  # seconds one exercise's tests may run before the exerci
 EXERCISES = {  # k: (title, the functions to write, points), in the README's order
     1: ("advantages", ("group_advantages", "overlong_penalty"), 10),
     2: ("dynamic sampling", ("informative_groups", "fill_batch"), 10),
-    3: ("surrogate and clip", ("policy_gradient_surrogate", "importance_ratio",
-                               "clipped_surrogate"), 10),
-    4: ("KL", ("kl_k3",), 10),
-    5: ("aggregation", ("loss_denominators", "token_weights", "aggregate", "policy_loss"), 10),
-    6: ("GSPO", ("sequence_ratio",), 10),
-    7: ("CSCR", ("counterfactual_shifts", "counterfactual_sensitivity", "cscr_weights",
-                 "token_advantages"), 10),
+    3: ("surrogate and clip", ("_policy_gradient_surrogate", "_importance_ratio",
+                               "_clipped_surrogate"), 10),
+    4: ("KL", ("_kl_k3",), 10),
+    5: ("aggregation", ("_loss_denominators", "token_weights", "_aggregate", "policy_loss"), 10),
+    6: ("GSPO", ("_sequence_ratio",), 10),
+    7: ("CSCR", ("counterfactual_shifts", "_counterfactual_sensitivity", "cscr_weights"), 10),
     8: ("entropy mask", ("high_entropy_mask",), 10),
 }
 SETS = {"grpo": (1, 3, 5), "dapo": (1, 2, 3, 5), "cscr": (1, 3, 5, 7), "all": tuple(EXERCISES)}
@@ -90,8 +89,8 @@ MISTAKES = (
          "weights = torch.exp(-strength * torch.clamp(sensitivity.float() - threshold, min=0))"),)),
     (7, "sensitivity without abs", (("torch.maximum(d_pos.abs(), d_neg.abs())",
                                      "torch.maximum(d_pos, d_neg)"),)),
-    (8, "keeps the lowest entropies", (("torch.quantile(real, 1 - top_fraction)",
-                                        "torch.quantile(real, top_fraction)"),)),
+    (8, "keeps the lowest entropies", (("_quantile(real, 1 - top_fraction)",
+                                        "_quantile(real, top_fraction)"),)),
     # issue 29's real mistakes that passed every test before
     (2, "informative_groups as std > 0", (("return (values != values[:, :1]).any(dim=1)",
                                            "return values.float().std(dim=1) > 0"),)),
@@ -102,8 +101,8 @@ MISTAKES = (
     (8, "high_entropy_mask returning bool", (
         ("return (mask & (entropy.float() >= threshold)).float()",
          "return mask & (entropy.float() >= threshold)"),)),
-    (8, "no fallback past torch.quantile's 2^24 limit", (
-        ("if real.numel() <= 2 ** 24:", "if True:"),)),
+    (8, "the threshold over padding too", (("real = entropy[mask].float()",
+                                            "real = entropy.flatten().float()"),)),
 )
 CORRECT = (  # other correct solutions, each at full marks: (exercise, what, edits)
     (1, "a module-level constant", (

@@ -230,12 +230,6 @@ def ref_high_entropy_mask(entropy, mask, top_fraction):
                           for t in range(T)] for i in range(N)])
 
 
-def ref_token_advantages(adv, weights):
-    N, T = weights.shape
-    return torch.tensor([[float(adv[i]) * float(weights[i, t]) for t in range(T)]
-                         for i in range(N)], dtype=torch.float64)
-
-
 # -----------------------------------------------------------------------------
 # 1. rewards and group advantages
 
@@ -423,20 +417,6 @@ def test_fill_batch_filters_on_the_key_it_is_given():
 
 # -----------------------------------------------------------------------------
 # 3. the per-token surrogate
-
-def test_token_logprobs_hand_worked_and_float32():
-    logits = torch.tensor([[[0.0, math.log(3.0)], [2.0, 2.0]]])  # (1, 2, 2): p = (1/4, 3/4), (1/2, 1/2)
-    assert torch.allclose(tc.token_logprobs(logits, torch.tensor([[1, 0]])),
-                          torch.tensor([[math.log(0.75), math.log(0.5)]]))
-    g = torch.Generator().manual_seed(3)
-    logits = torch.randn(3, 5, 7, generator=g)
-    targets = torch.randint(0, 7, (3, 5), generator=g)
-    ref = torch.tensor([[math.log(torch.softmax(logits[n, t], -1)[targets[n, t]]) for t in range(5)] for n in range(3)])
-    assert torch.allclose(tc.token_logprobs(logits, targets), ref, atol=1e-6)
-    got_bf16 = tc.token_logprobs(logits.bfloat16(), targets)
-    assert got_bf16.dtype == torch.float32
-    assert torch.allclose(got_bf16, tc.token_logprobs(logits.bfloat16().float(), targets))
-
 
 def test_policy_gradient_surrogate_hand_worked_and_loop():
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.8]]))
@@ -632,14 +612,18 @@ def test_kl_k3_is_not_clamped_and_is_exact_near_r_1():
 # -----------------------------------------------------------------------------
 # 4. aggregation and the losses
 
-def test_loss_denominators_hand_worked():
+def test_token_weights_hand_worked_each_denominator():
     # B = 2 groups of G = 2: lengths 3, 1 | 0, 2 (an empty response in group 1)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0]])
-    d = {mode: tc.loss_denominators(mask, mode, group_size=2, max_len=5).tolist() for mode in tc.AGGREGATION_MODES}
+    d = {mode: tc._loss_denominators(mask, mode, 2, 5).tolist() for mode in tc.AGGREGATION_MODES}
     assert d["sample"] == [12.0, 4.0, 4.0, 8.0]  # N |o_i|, an empty count clamped to 1
     assert d["token"] == [6.0] * 4  # sum over the batch of |o_j|
     assert d["group_token"] == [8.0, 8.0, 4.0, 4.0]  # B * tokens of i's group
     assert d["constant"] == [20.0] * 4  # N * max_len
+    for mode in tc.AGGREGATION_MODES:  # w = mask / d: each real token of response i gets 1 / d_i
+        w = tc.token_weights(mask, mode, group_size=2, max_len=5)
+        assert w.tolist() == (mask / torch.tensor(d[mode])[:, None]).tolist(), mode
+    assert tc.token_weights(mask, "token")[0].tolist() == pytest.approx([1 / 6] * 3)
     w = tc.token_weights(mask, "sample")
     assert w[2].sum() == 0 and w.sum().item() == pytest.approx(0.75)  # the empty row's 1/N is not handed out
 
@@ -658,23 +642,25 @@ def test_token_weights_invariants():
     assert tc.aggregate(torch.tensor([[1, 2, 9]]), torch.tensor([[1, 1, 0]]), "token").item() == 1.5
     assert tc.aggregate(torch.tensor([[True, False]]), O(1, 2), "token").item() == 0.5
     # lengths are counted in at least float32: bf16 would count 257 tokens as 256
-    d = tc.loss_denominators(torch.ones(1, 257), "sample", dtype=torch.bfloat16)
+    d = tc._loss_denominators(torch.ones(1, 257), "sample", None, None, torch.bfloat16)
     assert d.dtype == torch.float32 and d.item() == 257
 
 
-def test_loss_denominators_in_the_dtype_asked_and_clamped_when_empty():
-    """d comes in the dtype asked for (float64: max_len 0.1 times N exact to float64), and a count
-    of 0 is clamped to 1 in every mode: an empty response, group or batch gets weight 0, not NaN."""
+def test_the_denominators_in_the_dtype_asked_and_clamped_when_empty():
+    """token_weights' d_i comes in the dtype aggregate asks for (float64: max_len 0.1 times N
+    exact to float64), and a count of 0 is clamped to 1 in every mode: an empty response, group
+    or batch gets weight 0, not NaN."""
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 0, 0], [1, 0, 0]])  # lengths 2, 0 | 0, 1
-    d = tc.loss_denominators(mask, "constant", max_len=0.1, dtype=torch.float64)
+    d = tc._loss_denominators(mask, "constant", None, 0.1, torch.float64)
     assert d.dtype == torch.float64 and d.tolist() == [4 * 0.1] * 4
     for mode in tc.AGGREGATION_MODES:
-        got = tc.loss_denominators(mask, mode, group_size=2, max_len=0.1, dtype=torch.float64)
+        got = tc._loss_denominators(mask, mode, 2, 0.1, torch.float64)
         assert got.dtype == torch.float64
         assert torch.equal(got, ref_loss_denominators(mask, mode, 2, 0.1))
-        assert tc.loss_denominators(mask, mode, group_size=2, max_len=3).dtype == torch.float32
+        assert tc._loss_denominators(mask, mode, 2, 3).dtype == torch.float32
+        assert tc.token_weights(mask, mode, group_size=2, max_len=3).dtype == torch.float32
     empty_group = torch.tensor([[1, 1], [1, 0], [0, 0], [0, 0]])  # group 1 has no token
-    d = tc.loss_denominators(empty_group, "group_token", group_size=2)
+    d = tc._loss_denominators(empty_group, "group_token", 2, None)
     assert d.tolist() == [6.0, 6.0, 2.0, 2.0]  # B * 3 tokens | B * 1, not B * 0
     for mode in ("sample", "token", "group_token"):
         w = tc.token_weights(Z(4, 3), mode, group_size=2)  # no token in the batch
@@ -774,7 +760,7 @@ def test_gspo_token_equals_gspo_when_a_response_has_one_advantage():
     assert 0 < moved.sum() < N  # the data holds both cases
     assert torch.allclose(results["sequence"][0], results["sequence_token"][0], atol=1e-14)
     assert torch.allclose(results["sequence"][1], results["sequence_token"][1], atol=1e-14)
-    with pytest.raises(ValueError, match="use 'sequence_token' for per-token advantages"):
+    with pytest.raises(ValueError, match=r"'sequence_token': \(N, T\)"):
         tc.policy_loss(logp_true, old, adv[:, None].expand(N, T), mask, ratio_level="sequence")
 
 
@@ -987,7 +973,7 @@ def test_cscr_weights_match_the_loop_reference_and_keep_budget_and_sign():
         w = tc.cscr_weights(s, mask, strength, threshold)
         assert torch.allclose(w, ref_cscr_weights(s, mask, strength, threshold), atol=1e-5)
         adv = torch.randn(N, generator=g)
-        token_adv = tc.token_advantages(adv, w)
+        token_adv = adv[:, None] * w  # A_{i,t} = w~_t A_i
         assert torch.allclose(token_adv.sum(dim=1), mask.sum(dim=1) * adv, atol=1e-4)  # budget |o_i| A_i
         assert (torch.sign(token_adv)[mask] == torch.sign(adv)[:, None].expand(N, T)[mask]).all()  # sign
         assert (token_adv[~mask] == 0).all()
@@ -1003,22 +989,12 @@ def test_cscr_weights_match_the_loop_reference_and_keep_budget_and_sign():
     assert torch.isfinite(huge).all() and huge.sum().item() == pytest.approx(3.0)  # no underflow to 0/0
 
 
-def test_token_advantages_hand_worked():
-    adv = torch.tensor([2.0, -1.0, 0.0])
-    weights = torch.tensor([[0.5, 1.5, 0.0], [1.0, 1.0, 1.0], [2.0, 0.0, 1.0]])
-    # A_i on each token, times its weight: sign and sum_t w_t A_i kept
-    assert torch.equal(tc.token_advantages(adv, weights),
-                       torch.tensor([[1.0, 3.0, 0.0], [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]]))
-    keep = torch.tensor([[0.0, 1.0, 0.0]])  # high_entropy_mask's weights: A_i where kept, else 0
-    assert torch.equal(tc.token_advantages(torch.tensor([-2.0]), keep), torch.tensor([[0.0, -2.0, 0.0]]))
-
-
 def test_cscr_strength_zero_is_grpo():
     g = torch.Generator().manual_seed(13)
     mask, s = random_mask(8, 7, g), torch.rand(8, 7, generator=g) * 4
     assert torch.equal(tc.cscr_weights(s, mask, strength=0.0), mask.float())  # exactly 1, then
     old, adv = -torch.rand(8, 7, generator=g), torch.randn(8, generator=g)
-    per_token = tc.token_advantages(adv, tc.cscr_weights(s, mask, 0.0))
+    per_token = adv[:, None] * tc.cscr_weights(s, mask, 0.0)
     losses = [tc.policy_loss(old + 0.1, old, a, mask, "group_token", group_size=4)[0]
               for a in (adv, per_token)]
     assert torch.equal(losses[0], losses[1])  # GRPO's loss, bit for bit
@@ -1096,7 +1072,7 @@ def test_high_entropy_mask_hand_worked():
     # top 20 %: quantile 0.8 is 0.7 (rank 4 of 0..5) -> the two highest; ties at the threshold are kept
     assert tc.high_entropy_mask(entropy, mask).tolist() == [[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
     assert tc.high_entropy_mask(entropy, mask, top_fraction=1.0).tolist() == mask.float().tolist()
-    adv = tc.token_advantages(torch.tensor([2.0, -1.0]), keep)  # no renormalisation: the rest get 0
+    adv = torch.tensor([2.0, -1.0])[:, None] * keep  # no renormalisation: the rest get 0
     assert adv.tolist() == [[0.0, 2.0, 2.0, 0.0], [-1.0, 0.0, 0.0, 0.0]]
     assert tc.high_entropy_mask(entropy, torch.zeros(2, 4)).sum() == 0
 
@@ -1115,7 +1091,7 @@ def test_high_entropy_mask_matches_the_loop_reference():
 
 
 def test_high_entropy_mask_is_float_and_compares_in_float32():
-    """keep is float (a weight for token_advantages), also with no real token; a bf16 entropy is
+    """keep is float (a weight: A[:, None] * keep), also with no real token; a bf16 entropy is
     compared with the float32 threshold: of bf16 neighbours 1.0 and 1.0078 the top half is one
     (the threshold 1.0039 rounded to bf16 would be 1.0 and keep both)."""
     entropy = torch.tensor([[1.0, 1.0078125]], dtype=torch.bfloat16)
@@ -1126,6 +1102,17 @@ def test_high_entropy_mask_is_float_and_compares_in_float32():
     assert nothing.dtype == torch.float32 and torch.equal(nothing, Z(2, 3))
     garbage = tc.high_entropy_mask(torch.tensor([[0.2, 0.9, NAN]]), torch.tensor([[1, 1, 0]]), 0.5)
     assert garbage.dtype == torch.float32 and garbage.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_the_entropy_threshold_is_torch_quantile_bit_for_bit_where_that_works():
+    """high_entropy_mask's threshold is computed one way at every size (torch.quantile stops at
+    2^24 values): equal to torch.quantile's, bit for bit, at the sizes torch.quantile takes."""
+    g = torch.Generator().manual_seed(41)
+    for n in (1, 2, 3, 5, 7, 10, 100, 1001, 4097, 65537, 300007):
+        x = torch.rand(n, generator=g) * 5
+        x[::3] = (x[::3] * 4).round() / 4  # ties
+        for q in (0.0, 0.1, 0.2, 0.25, 0.5, 0.7, 0.8, 0.9, 0.999, float(torch.rand(1, generator=g))):
+            assert torch.equal(tc._quantile(x, q), torch.quantile(x, q)), (n, q)
 
 
 def test_high_entropy_mask_past_torch_quantiles_limit_of_2_24_tokens():
@@ -1174,7 +1161,83 @@ def test_shift_diagnostics_matches_the_loop_reference():
 
 
 # -----------------------------------------------------------------------------
-# bad input: a ValueError that names what was expected and what came
+# the doors: each public function refuses, with a ValueError that names what was expected and what
+# came, every input its math would misread: one argument broken at a time from a call it accepts
+
+N_, T_, V_ = 4, 3, 5
+MASK, LOGP = O(N_, T_), Z(N_, T_)
+AGG = dict(mode="token", group_size=2, max_len=8.0)
+GOOD = dict(  # a call each public function accepts
+    overlong_penalty=dict(lengths=Z(N_), max_len=8, cache_len=2),
+    group_advantages=dict(rewards=Z(2, 2), scale="std", eps=1e-6, baseline="mean"),
+    informative_groups=dict(values=Z(2, 2)),
+    fill_batch=dict(sample_groups=lambda: {"correct": torch.tensor([[0.0, 1.0]])}, batch_size=1,
+                    max_rounds=1, filter_key="correct"),
+    policy_gradient_surrogate=dict(logp=LOGP, advantages=Z(N_)),
+    importance_ratio=dict(logp=LOGP, old_logp=LOGP, mask=MASK, level="token"),
+    sequence_ratio=dict(logp=LOGP, old_logp=LOGP, mask=MASK, per_token=False),
+    clipped_surrogate=dict(ratio=O(N_, T_), advantages=Z(N_), eps_low=0.2, eps_high=0.2),
+    kl_k3=dict(logp=LOGP, ref_logp=LOGP),
+    token_weights=dict(mask=MASK, **AGG),
+    aggregate=dict(per_token=LOGP, mask=MASK, **AGG),
+    policy_loss=dict(logp=LOGP, old_logp=LOGP, advantages=Z(N_), mask=MASK, eps_low=0.2,
+                     eps_high=0.2, ref_logp=LOGP, beta=0.1, surrogate="clip", ratio_level="token",
+                     **AGG),
+    self_distillation_loss=dict(student_logits=Z(N_, T_, V_), teacher_logits=Z(N_, T_, V_),
+                                mask=MASK, **AGG),
+    counterfactual_shifts=dict(logp=LOGP, logp_pos=LOGP, logp_neg=LOGP, mask=MASK),
+    counterfactual_sensitivity=dict(d_pos=LOGP, d_neg=LOGP),
+    cscr_weights=dict(sensitivity=LOGP, mask=MASK, strength=1.0, threshold=0.0),
+    token_entropy=dict(logits=Z(N_, T_, V_)),
+    high_entropy_mask=dict(entropy=LOGP, mask=MASK, top_fraction=0.2),
+    shift_diagnostics=dict(d_pos=LOGP, d_neg=LOGP, mask=MASK, min_shift=0.0),
+)
+FLOATING = {"logp", "old_logp", "ref_logp", "ratio", "student_logits", "teacher_logits",
+            "logp_pos", "logp_neg", "logits"}  # the log-probs and logits: an int would truncate
+BAD_NUMBERS = dict(  # name: values its door refuses (a bool is never a number)
+    eps=[True, 0.0, NAN, INF], eps_low=[True, -0.1, NAN], eps_high=[True, -0.1, NAN],
+    beta=[True, -1.0, NAN, INF], strength=[True, -1.0, NAN, INF],
+    min_shift=[True, -1.0, NAN], threshold=[True, NAN, INF], top_fraction=[True, 0.0, 1.5, NAN],
+    batch_size=[True, 0, 1.5], max_rounds=[True, 0, 1.5], group_size=[True, 0, 3, 2.0, None],
+    max_len=[True, 0.0, -1.0, NAN, INF, None], cache_len=[True, 0, 9, 1.0],
+    per_token=[1, None, "yes"])
+BAD_CHOICES = dict(mode="tokn", scale="stdd", baseline="loo", level="sequnce",
+                   ratio_level="sequnce", surrogate="ppo")
+NEEDS_MODE = dict(group_size="group_token", max_len="constant")  # checked when the mode uses it
+
+
+def broken_arguments(function):
+    """(name, a bad value) for every argument of GOOD[function]."""
+    good = GOOD[function]
+    first = next((name for name, x in good.items() if isinstance(x, torch.Tensor)), None)
+    for name, x in good.items():
+        if isinstance(x, torch.Tensor):
+            yield from [(name, x.tolist()), (name, x[..., None]), (name, None)]
+            if x.dim() > 1:
+                yield name, x[0]  # one dimension short
+            if name != first:  # a size, or the device, that differs from the first tensor's
+                yield name, torch.zeros(*x.shape[:-1], x.shape[-1] + 1)
+                yield name, x.to("meta")
+            if name in FLOATING:
+                yield name, x.long()
+            if name == "mask":
+                yield from [(name, torch.full_like(x, 2.0)), (name, torch.full_like(x, 0.5))]
+        elif name in BAD_CHOICES:
+            yield from [(name, BAD_CHOICES[name]), (name, None)]
+        elif name == "max_len" and function == "overlong_penalty":
+            yield from [(name, v) for v in (True, 0, 8.0)]
+        elif name in BAD_NUMBERS:
+            yield from [(name, v) for v in BAD_NUMBERS[name]]
+        elif name == "sample_groups":
+            yield name, "not a function"
+
+
+def door(function, name, bad):
+    kwargs = dict(GOOD[function], **{name: bad})
+    if name in NEEDS_MODE and "mode" in kwargs:
+        kwargs["mode"] = NEEDS_MODE[name]
+    return P(getattr(tc, function), **kwargs)
+
 
 def rounds(*results):  # a sampler for fill_batch that returns these rounds in turn
     results = iter(results)
@@ -1182,47 +1245,51 @@ def rounds(*results):  # a sampler for fill_batch that returns these rounds in t
 
 
 R = {"correct": Z(1, 2), "x": Z(1, 5)}  # one uninformative round: fill_batch asks for another
-BAD_INPUT = [  # one case per check: the call, and what its message must say
-    (P(tc.informative_groups, [[0, 1]]), r"a torch.Tensor of shape \(B, G\), got list"),
-    (P(tc.group_advantages, Z(4)), r"rewards must have 2 dimensions \(B, G\), got shape \(4"),
+DOORS = [(door(f, name, bad), rf"^{name}\b.* must .+, got ") for f in GOOD
+         for name, bad in broken_arguments(f)] + [  # and what only a whole call shows
     (P(tc.group_advantages, torch.tensor([[1, NAN]])), r"rewards must be finite, got nan at index"),
-    (P(tc.group_advantages, Z(2, 2), scale="mad"), r"scale must be one of \('std'.*'mad'"),
-    (P(tc.group_advantages, Z(2, 2), eps=0.0), "eps must be a finite number > 0, got 0.0"),
-    (P(tc.token_weights, O(2, 3), "constant", max_len=True), "max_len .*> 0, got True"),
-    (P(tc.overlong_penalty, Z(1), 4, 5), r"cache_len must be an int in \(0, max_len = 4\]"),
-    (P(tc.fill_batch, rounds(R), True, 2, "correct"), "batch_size must be a positive int, got Tr"),
-    (P(tc.fill_batch, rounds({}), 1, 2, "correct"), "must return a dict with key 'correct'"),
-    (P(tc.fill_batch, rounds({**R, "x": Z(3)}), 1, 1, "correct"), "leading dimension b = 1"),
-    (P(tc.fill_batch, rounds(R, {**R, "x": Z(1, 6)}), 1, 2, "correct"), "trailing shape"),
-    (P(tc.fill_batch, rounds(R, {"correct": Z(1, 2)}), 1, 2, "correct"), "same keys every"),
-    (P(tc.token_weights, O(6, 3), "group_token", group_size=True), "dividing N = 6, got True"),
-    (P(tc.loss_denominators, O(2, 3), "token", dtype="float32"), "a torch floating-point dtype"),
-    (P(tc.loss_denominators, O(2, 3), "token", dtype=None), "floating-point dtype .*got None"),
-    (P(tc.token_weights, torch.full((2, 3), 2.0), "token"), r"mask must be 0 or 1, got 2.0 at"),
-    (P(tc.policy_loss, Z(8, 9), Z(8, 9), Z(8), O(8, 7)),
-     r"mask must have the same shape as logp: \(N, T\) = \(8, 9\), got \(8, 7\)"),
-    (P(tc.policy_loss, Z(8, 9), Z(8, 7), Z(8), O(8, 9)), "old_logp must have the same shape"),
-    (P(tc.aggregate, Z(2, 3), O(2, 3, device="meta"), "token"),
-     "mask must be on the device of per_token, cpu, got meta"),
-    (P(tc.policy_loss, Z(8, 9), Z(8, 9), Z(7), O(8, 9)), r"of shape \(N,\) must have N = 8"),
-    (P(tc.policy_gradient_surrogate, Z(2, 3), Z(2, 3, 1)), r"\(N,\) or \(N, T\)"),
-    (P(tc.policy_loss, Z(2, 3), Z(2, 3), Z(2), O(2, 3), beta=0.1), "ref_logp .needed when beta"),
-    (P(tc.policy_loss, Z(2, 3), None, Z(2), O(2, 3), surrogate="reinforce", ratio_level="sequence"),
-     "ratio_level 'sequence' needs surrogate 'clip'"),
-    (P(tc.clipped_surrogate, O(2, 3), Z(2), eps_high=NAN), "eps_high must be a number >= 0"),
-    (P(tc.token_logprobs, Z(2, 3, 5), torch.full((2, 3), 5)), r"V = 5\), got range \[5, 5\]"),
-    (P(tc.token_logprobs, Z(2, 3, 5), Z(2, 4, dtype=torch.long)), r"= \(2, 3\), got \(2, 4"),
-    (P(tc.token_logprobs, Z(2, 3, 5), Z(2, 3)), "integer token ids, got dtype torch.fl"),
-    (P(tc.token_advantages, Z(3), O(2, 4)), "weights must have N = 3 rows"),
+    (P(tc.overlong_penalty, torch.tensor([-1.0]), 4, 2), "lengths must be finite and >= 0, got"),
+    (P(tc.overlong_penalty, Z(1), 4, 5), r"cache_len must be an int in \(0, max_len = 4\], got 5"),
+    (P(tc.informative_groups, torch.tensor([[INF, 0.0]])), "values must be finite, got inf"),
+    (P(tc.fill_batch, rounds({}), 1, 2, "correct"), r"must return a dict of tensors with key 'correct' .*, got \{\}"),
+    (P(tc.fill_batch, rounds({**R, "x": Z(3)}), 1, 1, "correct"), r"one leading size b, got \{'correct': \(1, 2\), 'x': \(3,\)\}"),
+    (P(tc.fill_batch, rounds(R, {**R, "x": Z(1, 6)}), 1, 2, "correct"), r"shapes \{'correct': \('b', 2\), 'x': \('b', 5\)\} as in the first round, got"),
+    (P(tc.fill_batch, rounds(R, {"correct": Z(1, 2)}), 1, 2, "correct"), r"as in the first round, got \{'correct': \(1, 2\)\}"),
+    (P(tc.fill_batch, rounds({"correct": Z(2)}), 1, 1, "correct"), r"values must be .*\(B, G\)"),
+    (P(tc.policy_loss, LOGP, None, Z(N_), MASK), "old_logp must be a floating-point torch.Tensor .*, got NoneType"),
+    (P(tc.policy_loss, LOGP, None, Z(N_), MASK, surrogate="reinforce", ratio_level="sequence"),
+     "ratio_level 'sequence' must have surrogate 'clip' .*, got surrogate 'reinforce'"),
+    (P(tc.policy_loss, LOGP, LOGP, Z(N_, T_), MASK, ratio_level="sequence"),
+     r"advantages must be \(N,\) for ratio_level 'sequence'"),
+    (P(tc.policy_loss, LOGP, LOGP, Z(N_), MASK, beta=0.1), "ref_logp must be a floating-point torch.Tensor .*, got NoneType"),
+    (P(tc.policy_loss, LOGP, torch.tensor([[NAN] * T_] * N_), Z(N_), MASK),
+     "old_logp must be finite on real tokens, got nan at index"),
+    (P(tc.cscr_weights, -O(N_, T_), MASK, 1.0), "sensitivity must be finite and >= 0 on real"),
     (P(tc.high_entropy_mask, torch.tensor([[0.1, NAN]]), O(1, 2)), "entropy must be finite"),
     (P(tc.token_entropy, torch.full((1, 1, 2), -INF)), "finite value at every position"),
     (P(tc.shift_diagnostics, torch.tensor([[NAN]]), Z(1, 1), O(1, 1)), "d_pos must be finite"),
     (P(tc.self_distillation_loss, torch.tensor([[[-INF, 0]]]), Z(1, 1, 2), O(1, 1)),
-     "student_logits must be > -inf"),
+     "student_logits must be finite or -inf, and > -inf where teacher_logits are"),
+    (P(tc.self_distillation_loss, torch.tensor([[[NAN, 0]]]), Z(1, 1, 2), O(1, 1)),
+     "student_logits must be finite or -inf.* on real tokens, got nan"),
 ]
 
 
-@pytest.mark.parametrize("call, message", BAD_INPUT)
-def test_bad_input_raises_a_clear_value_error(call, message):
-    with pytest.raises(ValueError, match=message):
+def test_every_public_function_has_a_door_test_and_accepts_its_good_call():
+    public = {name for name, x in vars(tc).items()
+              if callable(x) and not name.startswith("_") and x.__module__ == "tokencredit"}
+    assert public == set(GOOD)
+    assert {name for name in GOOD if "mode" in GOOD[name]} == {  # mode="tokn" refused by each
+        "token_weights", "aggregate", "policy_loss", "self_distillation_loss"}
+    for function, kwargs in GOOD.items():
+        getattr(tc, function)(**kwargs)
+
+
+@pytest.mark.parametrize("call, message", DOORS, ids=[
+    f"{call.func.__name__}-{message[1:].split(chr(92))[0]}-{i}" for i, (call, message) in enumerate(DOORS)])
+def test_each_door_refuses_what_its_math_would_misread(call, message):
+    with pytest.raises(ValueError, match=message) as refused:
         call()
+    bad = [v for k, v in call.keywords.items() if not isinstance(v, (torch.Tensor, list))
+           and v is not GOOD.get(call.func.__name__, {}).get(k, v)]
+    assert all(repr(v) in str(refused.value) for v in bad if not callable(v))  # what came

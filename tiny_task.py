@@ -326,9 +326,9 @@ def quiet_transformers() -> None:  # no progress bars or config chatter between 
     transformers.logging.disable_progress_bar()
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)  # also seeds CUDA when present
+def seed_everything(seed: int) -> None:  # random, numpy, torch and CUDA: one seed for all
+    from transformers import set_seed
+    set_seed(seed)
 
 
 def parse_list(text: str, kind, flag: str) -> list:

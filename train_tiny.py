@@ -179,6 +179,15 @@ def rollout(model, tokenizer, args: Args, problems: List[List[int]], repeats: in
     return Rollout(flat, responses, mask, texts, complete, verify_all(flat, texts, complete))
 
 
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log pi(o_t | q, o_<t) of the sampled tokens, logits[t, o_t] - logsumexp_v logits[t, v]:
+    (N, T, V), (N, T) -> (N, T), in float32 whatever the logits' dtype (bf16 would lose the small
+    changes the clip looks at)."""
+    logits = logits.float()
+    picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (N, T)
+    return picked - torch.logsumexp(logits, dim=-1)  # (N, T)
+
+
 def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_logits=False):
     """log pi(o_t | cond, q, o_<t) of the responses (n, T) under each condition, in one batched
     forward, at the sampling temperature and with positions numbered from the attention mask, as
@@ -192,7 +201,7 @@ def score(model, tokenizer, args, problems, responses, mask, conds=("",), need_l
     logits = model(input_ids=ids, attention_mask=attention,
                    position_ids=mask_positions(attention)).logits
     logits = logits[:, P - 1:P + T - 1] / args.temperature  # (k n, T, V): what each came from
-    logp = tc.token_logprobs(logits, responses.repeat(k, 1))  # (k n, T)
+    logp = token_logprobs(logits, responses.repeat(k, 1))  # (k n, T)
     return [(logp[i * n:(i + 1) * n], logits[i * n:(i + 1) * n] if need_logits else None)
             for i in range(k)]
 
@@ -316,7 +325,7 @@ def token_credit(args: Args, advantages, mask, entropy, old_logp, conds) -> torc
     if args.entropy_top < 1:
         keep = tc.high_entropy_mask(entropy, mask, args.entropy_top)
         weights = keep if weights is None else weights * keep
-    return advantages if weights is None else tc.token_advantages(advantages, weights)
+    return advantages if weights is None else advantages[:, None] * weights  # A_{i,t} = A_i w_{i,t}
 
 
 def update_loss(args: Args, logp, logits, old_logp, token_adv, mask, ref_logp, conds):

@@ -415,10 +415,10 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     cscr = tt.tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)  # (N, T)
     keep = tt.tc.high_entropy_mask(tt.tc.token_entropy(logits), mask, ENTROPY_TOP)  # (N, T)
     settings = [(mode, mode, advantages, lr, "token") for mode in tt.tc.AGGREGATION_MODES]
-    settings += [(f"cscr {strength:g}", "sample", tt.tc.token_advantages(advantages, cscr), lr,
+    settings += [(f"cscr {strength:g}", "sample", advantages[:, None] * cscr, lr,
                   "token"),
                  (f"entropy top {ENTROPY_TOP:g}", "sample",
-                  tt.tc.token_advantages(advantages, keep), lr, "token"),
+                  advantages[:, None] * keep, lr, "token"),
                  ("gspo", "sample", advantages, lr, "sequence"),
                  ("sample, lr/2", "sample", advantages, lr / 2, "token")]
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -24,8 +24,7 @@ from test_tokencredit import (NAN, INF, ref_aggregate, ref_clipped_surrogate,
                               ref_cscr_weights, ref_fill_batch, ref_group_advantages,
                               ref_high_entropy_mask, ref_importance_ratio, ref_informative_groups,
                               ref_kl_k3, ref_loss, ref_loss_denominators, ref_overlong_penalty,
-                              ref_policy_gradient_surrogate, ref_sequence_ratio,
-                              ref_token_advantages)
+                              ref_policy_gradient_surrogate, ref_sequence_ratio)
 
 SEED = int(os.environ.get("TOKENCREDIT_SEED", "0"))
 F64 = torch.float64
@@ -187,7 +186,7 @@ def test_hidden_loss_denominators_and_token_weights():
     mask = batch_mask(g, N, T)
     max_len = T + integer(g, 0, 5) + 0.5
     for mode in tc.AGGREGATION_MODES:
-        d = tc.loss_denominators(mask, mode, group_size=G, max_len=max_len, dtype=F64)
+        d = tc._loss_denominators(mask, mode, G, max_len, F64)  # token_weights' d_i
         assert d.dtype == F64 and torch.equal(d, ref_loss_denominators(mask, mode, G, max_len))
         w = tc.token_weights(mask, mode, group_size=G, max_len=max_len)
         assert torch.allclose(w.double(), mask / d[:, None]) and (w[~mask] == 0).all()
@@ -295,17 +294,6 @@ def test_hidden_cscr_weights():
         assert w.dtype == torch.float32
         assert torch.allclose(w, ref_cscr_weights(s, mask, strength, threshold), atol=1e-5)
         assert torch.allclose(w.sum(dim=1), mask.sum(dim=1).float(), atol=1e-4)  # mean 1
-
-
-def test_hidden_token_advantages():
-    g = draw(34)
-    _, _, N, T = shapes(g)
-    adv = torch.randn(N, generator=g, dtype=F64)
-    for weights in (3 * torch.rand(N, T, generator=g, dtype=F64),  # as cscr_weights: mean ~1
-                    torch.randint(0, 2, (N, T), generator=g).double()):  # a 0/1 keep mask
-        got = tc.token_advantages(adv, weights)
-        assert torch.allclose(got, ref_token_advantages(adv, weights), atol=1e-12)
-        assert torch.allclose(got.sum(dim=1), adv * weights.sum(dim=1), atol=1e-12)
 
 
 # -----------------------------------------------------------------------------

@@ -107,6 +107,20 @@ def tiny_policy(seed=0, device="cpu"):
     return tiny_task.build_tiny_model(tt.Args(n_layer=1, n_embd=32, n_head=2), tokenizer).to(device).eval(), tokenizer
 
 
+def test_token_logprobs_hand_worked_and_float32():
+    logits = torch.tensor([[[0.0, math.log(3.0)], [2.0, 2.0]]])  # (1, 2, 2): p = (1/4, 3/4), (1/2, 1/2)
+    assert torch.allclose(tt.token_logprobs(logits, torch.tensor([[1, 0]])),
+                          torch.tensor([[math.log(0.75), math.log(0.5)]]))
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 5, 7, generator=g)
+    targets = torch.randint(0, 7, (3, 5), generator=g)
+    ref = torch.tensor([[math.log(torch.softmax(logits[n, t], -1)[targets[n, t]]) for t in range(5)] for n in range(3)])
+    assert torch.allclose(tt.token_logprobs(logits, targets), ref, atol=1e-6)
+    got_bf16 = tt.token_logprobs(logits.bfloat16(), targets)
+    assert got_bf16.dtype == torch.float32
+    assert torch.allclose(got_bf16, tt.token_logprobs(logits.bfloat16().float(), targets))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_scored_logprobs_equal_the_sampling_distribution(device):
     """score() (one forward over left-padded prompts + responses) gives the log-probs sample_tokens() drew from."""
@@ -118,7 +132,7 @@ def test_scored_logprobs_equal_the_sampling_distribution(device):
     sampled, logits = tiny_task.sample_tokens(model, ids, attention, 10, False, 1.0, tokenizer.eos_token_id)
     mask, _ = tiny_task.response_mask(sampled, tokenizer.eos_token_id)
     (logp, _), = tt.score(model, tokenizer, args, problems, sampled.masked_fill(~mask, tokenizer.pad_token_id), mask)
-    assert torch.allclose(logp[mask], tc.token_logprobs(logits, sampled)[mask], atol=1e-4)
+    assert torch.allclose(logp[mask], tt.token_logprobs(logits, sampled)[mask], atol=1e-4)
     assert mask.sum() > 6
 
 

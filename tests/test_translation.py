@@ -536,7 +536,7 @@ def test_verl_gspo(per_token):
     check_gspo_data_clips_both_ways(logp, old, A, mask)
     # verl takes advantages (N, T); an estimator other than GRPO's may vary them along a response
     weights = 0.5 + torch.rand(logp.shape, generator=torch.Generator().manual_seed(19), dtype=F64)
-    ours_A = tc.token_advantages(A, weights) if per_token else A
+    ours_A = A[:, None] * weights if per_token else A
     A_tok = A[:, None] * weights if per_token else A[:, None].expand_as(logp)
     theirs = lambda lp: verl_gspo_loss(old, lp, A_tok, mask, "token-mean", GSPO_EPS_LOW, GSPO_EPS_HIGH)
     levels = ["sequence_token"] if per_token else ["sequence_token", "sequence"]  # the same, with A per response
@@ -596,7 +596,7 @@ def test_verl_cispo(loss_agg_mode, mode):
 
     def ours(lp):
         weight = torch.clamp(tc.importance_ratio(lp, old, mask), 0.8, 1.2).detach()
-        return tc.policy_loss(lp, old, tc.token_advantages(A, weight), mask, mode=mode, surrogate="reinforce")[0]
+        return tc.policy_loss(lp, old, A[:, None] * weight, mask, mode=mode, surrogate="reinforce")[0]
 
     same_value_and_grad(ours, lambda lp: verl_cispo_loss(old, lp, A_tok, mask, loss_agg_mode, 0.2, 0.2), logp)
 
@@ -790,7 +790,7 @@ def test_trl_cispo():
 
     def ours(lp):
         weight = torch.clamp(tc.importance_ratio(lp, old, mask), max=epsilon_high).detach()
-        return tc.policy_loss(lp, old, tc.token_advantages(A, weight), mask, mode="token", surrogate="reinforce")[0]
+        return tc.policy_loss(lp, old, A[:, None] * weight, mask, mode="token", surrogate="reinforce")[0]
 
     for P, GA, S in [(1, 1, 1), (2, 2, 2)]:  # the dapo normaliser, under dapo's conditions
         same_value_and_grad(ours, lambda lp: trl_optimizer_step_loss(
@@ -816,7 +816,7 @@ def test_trl_vespo_given_its_gamma_weight():
     assert phi.min() < 0.9 and phi.max() > 0.5  # the weight varies: it matters
 
     def ours(lp):
-        return tc.policy_loss(lp, old, tc.token_advantages(A, phi.expand_as(lp)), mask, mode="token",
+        return tc.policy_loss(lp, old, A[:, None] * phi.expand_as(lp), mask, mode="token",
                               surrogate="reinforce")[0]
 
     same_value_and_grad(ours, lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "vespo", phi=phi), logp)
@@ -879,7 +879,7 @@ def test_trl_top_entropy_quantile():
     assert torch.equal(keep.bool(), theirs_mask) and 0 < keep.sum() < mask.sum()
     ref = old + 0.3 * torch.randn(old.shape, generator=g, dtype=F64)
     same_value_and_grad(
-        lambda lp: tc.policy_loss(lp, old, tc.token_advantages(A, keep.to(F64)), mask, mode="token",
+        lambda lp: tc.policy_loss(lp, old, A[:, None] * keep.to(F64), mask, mode="token",
                                   ref_logp=ref, beta=0.04)[0],
         lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo", entropy_mask=theirs_mask.to(F64),
                                            beta=0.04, ref=ref, use_bias_correction_kl=False),
@@ -932,7 +932,7 @@ def test_trl_vllm_importance_sampling_correction(mode):
     kl = dict(beta=0.04, ref=ref, use_bias_correction_kl=False)  # the KL term is not weighted
     theirs = lambda lp: trl_optimizer_step_loss(lp, old, A, mask, "dapo",
                                                 importance_sampling_ratio=w, **kl)
-    weighted = [tc.token_advantages(A, w.expand(N, T))]
+    weighted = [A[:, None] * w.expand(N, T)]
     if sequence_level:
         weighted.append(A * w[:, 0])  # one weight per completion: (N,) advantages work too
     for A_w in weighted:
@@ -949,8 +949,8 @@ def test_trl_vllm_importance_sampling_correction(mode):
                                                importance_sampling_level="sequence"),
             logp)
         # unexpanded, the (N, 1) ratio is not (N, T) advantages
-        with pytest.raises(ValueError, match="advantages must have the same shape as logp"):
-            tc.policy_loss(logp, old, tc.token_advantages(A, w), mask, mode="token")
+        with pytest.raises(ValueError, match=r"advantages must be a torch.Tensor \(N, T\) = \(8, 9\) on cpu, got \(8, 1\)"):
+            tc.policy_loss(logp, old, A[:, None] * w, mask, mode="token")
 
 
 # --- advantages

@@ -511,7 +511,7 @@ def test_positions_score_what_was_sampled(tokenizer):
                                          tokenizer.eos_token_id)
     mask, _ = tiny_task.response_mask(responses, tokenizer.eos_token_id)
     responses = responses.masked_fill(~mask, tokenizer.pad_token_id)
-    sampled = tc.token_logprobs(logits, responses)  # the log-probs of the distribution sampled
+    sampled = tt.token_logprobs(logits, responses)  # the log-probs of the distribution sampled
     with torch.no_grad():
         score = tt.score(model, tokenizer, TINY, problems, responses, mask)[0][0]
         errors = {}
@@ -583,10 +583,10 @@ def test_model_families_loss_equal_and_where_positions_matter(tokenizer, family)
             logits = model(input_ids=real[None]).logits[0, :-1].float()
             n = int(mask[i].sum())
             if n:
-                alone[i, :n] = tc.token_logprobs(logits[-n:][None], real[-n:][None])[0]
+                alone[i, :n] = tt.token_logprobs(logits[-n:][None], real[-n:][None])[0]
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         stretched = model(input_ids=ids, attention_mask=attention, position_ids=2 * positions)
-        logp = tc.token_logprobs(stretched.logits[:, -T - 1:-1].float(), inputs["completion_ids"])
+        logp = tt.token_logprobs(stretched.logits[:, -T - 1:-1].float(), inputs["completion_ids"])
         error = dict(stretched=(logp - alone).abs()[mask])  # positions matter in this model
         for name, trainer in (("stock", stock), ("ours", ours)):
             trainer.model.eval()

@@ -606,7 +606,7 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
             more = c.token_weights_fn(inputs, logp.detach(), entropies.detach(), mask)  # (N, T)
             weights = more if weights is None else weights * more
         if weights is not None:
-            advantages = tc.token_advantages(advantages, weights)  # (N, T)
+            advantages = advantages[:, None] * weights  # (N, T): A_{i,t} = A_i w_{i,t}
         G = self.num_generations if training else self.num_generations_eval
         real = inputs.get("tc_real")  # dynamic sampling: 0 on a short batch's fillers
         if real is None:
