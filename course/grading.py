@@ -32,6 +32,7 @@ TESTS = "test_tokencredit.py"
 HIDDEN = os.path.join("tests", "test_hidden.py")
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
 SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
+BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, seed, user, limits
 CACHE = os.path.join(ROOT, ".course-cache")
 MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
@@ -400,28 +401,37 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
         row["error"] = (f"0 points: {limit_line(result['limit'], limits)} was reached "
                         f"({result.get('stopped')})")
     total_points, passed_all, total_all = 0.0, 0, 0
-    for name, tests in plan["functions"].items():
+    functions = plan["functions"]
+    uses = {}  # test: the functions of exercise k it needs
+    for name, tests in functions.items():
+        for t in tests:
+            uses.setdefault(t, set()).add(name)
+    outcomes = {t: outcome(result, t) for t in uses}
+    waiting = {t: blocker(f) for t, f in outcomes.items()
+               if f and blocker(f) in plan["later"].get(t, ())}
+    failed = {t: f for t, f in outcomes.items() if f and t not in waiting}
+    # a failing test that needs several functions of k is charged to those of them that also
+    # fail a test of their own (one that needs no other function of k); to all if none does
+    wrong = {name for name, tests in functions.items()
+             if any(t in failed and uses[t] == {name} for t in tests)}
+    for name, tests in functions.items():
         share = EXERCISES[k][1][name]
-        outcomes = {t: outcome(result, t) for t in tests}
-        failed = {t: f for t, f in outcomes.items() if f}
-        waiting = {t: blocker(f) for t, f in failed.items()
-                   if blocker(f) in plan["later"].get(t, ())}
-        counted = [t for t in tests if t not in waiting]
+        counted = [t for t in tests if t not in waiting and (
+            t not in failed or len(uses[t]) == 1 or name in wrong or not uses[t] & wrong)]
         bad = [t for t in counted if t in failed]
         got = share * (len(counted) - len(bad)) / len(counted) if counted else 0.0
         if any(kinds.get(t) in ("hand", "loop") for t in bad):
             got = min(got, share / 4)
         if any(kinds.get(t) == "fresh" for t in bad):
             got = 0.0
-        if bad and all(blocker(failed[t]) == k and f"exercise {k}: {name}" in failed[t]
-                       for t in bad) and len(bad) == len(counted):
+        if bad and len(bad) == len(counted) and all(
+                f"NotImplementedError: exercise {k}: {name}" in failed[t] for t in bad):
             row["blank"].append(name)
         row["per_function"][name] = (len(counted) - len(bad), len(counted), round(got, 2), share)
-        row["failed"].update({t: failed[t] for t in bad})
-        row["waiting"].update(waiting)
         total_points += got
-        passed_all += len(counted) - len(bad)
-        total_all += len(counted)
+    row["failed"], row["waiting"] = failed, waiting
+    total_all = len([t for t in uses if t not in waiting])
+    passed_all = total_all - len(failed)
     row["points"] = 0.0 if row["limit"] else round(total_points, 2)
     row["passed"], row["total"] = (0 if row["limit"] else passed_all), total_all
     return row
@@ -442,3 +452,155 @@ def flag_row(rows: list, flags: list, strict: bool) -> None:
         for row in rows:
             row["points"] = 0.0
             row["notes"].append("0 until reviewed (--strict): the submission is flagged")
+
+
+# -----------------------------------------------------------------------------
+# one grading setup: a driver, a map, a set, a seed; then any number of submissions
+
+def fresh_seed() -> int:
+    return secrets.randbelow(10 ** 9)
+
+
+class Grader:
+    """reference None: a handout's grade (the student's file runs whole, exercises in order);
+    else the official grade (exercise k: the student's exercise k beside the reference's others,
+    the reference's exercise k blank in the child's copy)."""
+
+    def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None,
+                 workers=None, user="auto"):
+        self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
+        self.in_order, self.seed = reference is None, seed
+        self.limits = dict(LIMITS, **(limits or {}))
+        self.tests, self.workers, self.user = tests or test_files(), workers, user
+        self.driver = None
+        self.plan = scheme(mapping, self.exercises, self.in_order)
+        self.reference_fails = {}  # fresh test: whether the reference fails it at this seed
+        self.shapes = {}
+
+    def start(self, workers=None) -> None:
+        """The judges, with their copy of the tests: before any submission is read."""
+        if self.driver is None:
+            self.driver = Driver(self.tests, self.seed, self.mapping["constants"],
+                                 self.mapping["functions"], self.limits,
+                                 workers or self.workers, self.user)
+
+    def tests_of(self, k) -> list:
+        return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
+
+    def same_as_reference(self, source: str, k: int) -> bool:
+        """Whether exercise k of this file would run the reference's code exactly: the file is
+        the reference's, statement by statement, but for the bodies of other exercises'
+        functions (which the child replaces by the reference's). Such an exercise needs no run."""
+        if self.reference is None:
+            return False
+        import ast
+        others = set(EXERCISE_OF) - set(exercise_names(k))
+
+        def shape(text):
+            out = []
+            for node in ast.parse(text).body:
+                if isinstance(node, ast.FunctionDef) and node.name in others:
+                    node = ast.FunctionDef(name=node.name, args=node.args, body=[],
+                                           decorator_list=node.decorator_list,
+                                           returns=node.returns, type_comment=None)
+                out.append(ast.dump(node))
+            return out
+        if k not in self.shapes:
+            self.shapes[k] = shape(self.reference)
+        try:
+            return shape(source) == self.shapes[k]
+        except (SyntaxError, ValueError):
+            return False
+
+    def jobs(self, source: str, label: str, exercises) -> list:
+        out = []
+        for k in exercises:
+            job = dict(student=source, label=label, names=list(exercise_names(k)),
+                       tests=self.tests_of(k), limit=self.limits["time_s"])
+            if self.reference is None:
+                job.update(reference=None)
+            else:
+                job.update(reference=blank(self.reference, [k]),
+                           given=self.mapping["functions"])
+            out.append(job)
+        return out
+
+    def grade(self, source: str, label="tokencredit.py", only=None) -> list:
+        """One row per exercise (of `only`, else of the set). Every process the submission
+        started is gone before this returns."""
+        exercises = [k for k in self.exercises if not only or k in only]
+        try:
+            compile(source, label, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as error:
+            return [score(self.plan[k], k, dict(results={}, error=f"{type(error).__name__}: "
+                                                 f"{error}"), self.mapping["kinds"], self.limits)
+                    for k in exercises]
+        same = {k for k in exercises if self.same_as_reference(source, k)}
+        jobs = self.jobs(source, label, [k for k in exercises if k not in same])
+        ran = []
+        if jobs:
+            self.start(min(self.workers or 2, len(jobs)))
+            try:
+                ran = self.driver.run(jobs)
+            finally:
+                self.driver.sweep()
+        results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
+                   else ran.pop(0) for k in exercises]
+        self.check_reference(results)
+        rows = []
+        for k, result in zip(exercises, results):
+            excluded = {t for t, fails in self.reference_fails.items() if fails}
+            plan = dict(self.plan[k], functions={n: [t for t in ts if t not in excluded]
+                                                 for n, ts in self.plan[k]["functions"].items()})
+            rows.append(score(plan, k, result, self.mapping["kinds"], self.limits))
+        if self.in_order:
+            cross_notes(rows, self.mapping)
+        return rows
+
+    def check_reference(self, results) -> None:
+        """A fresh test a submission fails is run on the reference at this seed, once: if the
+        reference fails it too, it counts for no one."""
+        if self.reference is None:
+            return
+        failed = sorted({t for r in results for t, f in r["results"].items()
+                         if f and self.mapping["kinds"].get(t) == "fresh"
+                         and t not in self.reference_fails})
+        if not failed:
+            return
+        self.start()
+        check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
+                                       reference=None, names=list(EXERCISE_OF), tests=failed,
+                                       limit=self.limits["time_s"] * 4)])
+        self.driver.sweep()
+        for t in failed:
+            self.reference_fails[t] = bool(check["results"].get(t, "did not run"))
+        bad = [t for t in failed if self.reference_fails[t]]
+        if bad:
+            print(f"course: seed {self.seed}: the reference fails {bad}; they count for no one",
+                  file=sys.stderr)
+
+    def close(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+
+
+def zero_rows(exercises, why: str) -> list:
+    return [dict(k=k, points=0.0, max=exercise_points(k), passed=0, total=0, failed={},
+                 waiting={}, per_function={}, blank=[], limit=None, error=why, notes=[])
+            for k in exercises]
+
+
+def find_student(path: str) -> tuple:
+    """(the submission's tokencredit.py, the other files beside it): a file, or a folder holding
+    one (the shallowest). Nothing in the folder chooses how it is graded."""
+    if not os.path.isdir(path):
+        return path, []
+    found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
+                   for name in names if name == "tokencredit.py")
+    if not found:
+        raise ValueError(f"{path} holds no tokencredit.py")
+    chosen = min(found, key=lambda p: (p.count(os.sep), p))
+    others = sorted(os.path.relpath(os.path.join(root, name), path)
+                    for root, _, names in os.walk(path) for name in names
+                    if os.path.join(root, name) != chosen)
+    return chosen, others

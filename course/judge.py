@@ -502,7 +502,8 @@ class Worker:
                            f"({found.group(3)})")
             out += [ln.rstrip() for ln in lines[frames[-1] + 1:]
                     if ln.strip() and not ln.startswith(("  File", "    ", "Traceback",
-                                                         "During handling", "The above"))]
+                                                         "During handling", "The above"))
+                    and not re.search(r"<(built-in method|function) \S+ (of|at) ", ln)]
         else:
             out += [ln.rstrip() for ln in lines[-8:]]
         for w in session.where:
