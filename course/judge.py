@@ -299,9 +299,6 @@ class Zygote:
         return out
 
     def fork(self, spec: dict):
-        if not self.alive():
-            self.process.wait()
-            self.start()
         ours, theirs = socket.socketpair()
         try:
             socket.send_fds(self.control, [json.dumps(spec).encode()], [theirs.fileno()])
@@ -411,14 +408,28 @@ class Worker:
         for job in read_lines(self.channel):
             if job.get("quit"):
                 break
-            try:
-                result = self.run_job(job, _pytest.runner)
-            except Exception as error:  # noqa: BLE001 -- the grader's own bug: say it
-                import traceback
-                result = dict(id=job["id"], results={}, error=None, limit="died", calls={},
-                              snapshots={}, stopped="the grader failed: "
-                              + traceback.format_exc()[-2000:])
-            send_line(self.channel, result)
+            # each job in a fork of this process, so that what a test leaves in its module (a
+            # sampler's consumed iterator) is gone with it: every job sees the tests as collected
+            if not self.zygote.alive():  # a student's process may have killed it
+                self.zygote.process.wait()
+                self.zygote.start()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                torch.set_num_threads(1)
+                try:
+                    send_line(self.channel, self.run_job(job, _pytest.runner))
+                    code = 0
+                except BaseException:  # noqa: B902 -- the grader's own bug: the parent says it
+                    import traceback
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                send_line(self.channel, dict(
+                    id=job["id"], results={}, error=None, limit="died", calls={},
+                    snapshots={}, stopped=f"the grader's judge failed (status {status})"))
         self.zygote.close()
         return True
 
