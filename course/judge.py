@@ -517,8 +517,9 @@ class Worker:
                     and not re.search(r"<(built-in method|function) \S+ (of|at) ", ln)]
         else:
             out += [ln.rstrip() for ln in lines[-8:]]
-        for w in session.where:
-            out.append(f"raised at {w[0]}:{w[1]} in {w[2]}: {w[3].strip()}")
+        for w in session.where:  # the student's lines; the reference's by function only
+            out.append(f"raised at {w[0]}:{w[1]} in {w[2]}: {w[3].strip()}"
+                       if w[0] != "reference.py" else f"called from the reference's {w[2]}")
         out += self.diff[:2]
         return "\n".join(out)
 
