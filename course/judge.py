@@ -526,18 +526,10 @@ class Worker:
     def record(self, item) -> None:
         """Wrap the test module's ref_* loops to record what each returns (a handout's
         snapshots)."""
-        module = item.module
-        if getattr(module, "_course_recording", False):
-            return
-        module._course_recording = True
-        for name in [n for n in vars(module) if n.startswith("ref_")]:
-            setattr(module, name, self.recorder(name, getattr(module, name)))
-        for other in list(sys.modules.values()):  # test_hidden imports the loops by name
-            if getattr(other, "__file__", "") and other is not module and \
-                    os.path.basename(other.__file__ or "").startswith("test_"):
-                for name in [n for n in vars(other) if n.startswith("ref_")]:
-                    if not hasattr(getattr(other, name), "_recorded"):
-                        setattr(other, name, self.recorder(name, getattr(other, name)))
+        for module in [m for n, m in list(sys.modules.items()) if n.startswith("test_")]:
+            for name in [n for n in vars(module) if n.startswith("ref_")]:
+                if not getattr(getattr(module, name), "_recorded", False):
+                    setattr(module, name, self.recorder(name, getattr(module, name)))
 
     def recorder(self, name, loop):
         from .source import snapshot_value
