@@ -60,7 +60,8 @@ class Session:
     def receive(self) -> tuple:
         remaining = min(self.deadline, self.test_deadline) - time.monotonic()
         if remaining <= 0:
-            self.stop("time", "it ran past the time limit")
+            self.stop("time" if time.monotonic() >= self.deadline else "test time",
+                      "it ran past the time limit")
         self.sock.settimeout(remaining)
         try:
             header, blobs = protocol.receive(self.sock, REPLY_LIMIT)
