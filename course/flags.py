@@ -17,7 +17,7 @@ FRAMES = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame
           "co_code", "tb_next"}
 DUNDERS_OK = {"__name__", "__doc__"}
 EXTRA_FILES = (".py", ".json", ".pth", ".so", ".pyc", ".cfg", ".ini", ".toml", ".pt")
-BIG_NUMBER = 10 ** 9  # an int this large is a memory bomb's size
+BIG_NUMBER = 10 ** 8  # an int this large is a memory bomb's size
 BIG_LITERAL = 2000  # characters of a string, or elements of a literal: stored answers
 
 
