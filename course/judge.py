@@ -51,7 +51,7 @@ class Session:
         self.zygote, self.calls, self.dead, self.limit = zygote, 0, None, None
         self.deadline = time.monotonic() + limit_s
         self.test_deadline = self.deadline
-        self.returned = weakref.WeakSet()  # tensors that came from the child: "got", not expected
+        self.returned = {}  # id: weakref of each tensor that came from the child ("got")
         self.where, self.called = [], set()
         self.sock, self.pid = zygote.fork(spec)
 
@@ -162,7 +162,7 @@ class Session:
             for i in outs:
                 plain[i] = plain[i].requires_grad_()
         for t in plain:
-            self.returned.add(t)
+            self.returned[id(t)] = weakref.ref(t)
         return protocol.decode(header["value"], plain)
 
     def answer_callback(self, header, blobs, callables) -> None:
@@ -386,8 +386,10 @@ class Worker:
                 result = original(a, b, *args, **kwargs)
                 if not result and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
                     session = worker.session
-                    got_first = session is None or a in session.returned or \
-                        b not in session.returned
+                    def came(x):
+                        ref = session.returned.get(id(x)) if session else None
+                        return ref is not None and ref() is x
+                    got_first = session is None or came(a) or not came(b)
                     note = first_difference(a, b, got_first)
                     if note:
                         worker.diff.append(f"{original.__name__}: {note}")
@@ -518,10 +520,12 @@ class Worker:
                     and not re.search(r"<(built-in method|function) \S+ (of|at) ", ln)]
         else:
             out += [ln.rstrip() for ln in lines[-8:]]
+        first = next((i for i, ln in enumerate(out) if re.match(r"\w+(Error|Exception|Limit)\b", ln)),
+                     len(out) - 1)
+        out[first + 1:first + 1] = self.diff[:2]  # the first differing values, before the rest
         for w in session.where:  # the student's lines; the reference's by function only
             out.append(f"raised at {w[0]}:{w[1]} in {w[2]}: {w[3].strip()}"
                        if w[0] != "reference.py" else f"called from the reference's {w[2]}")
-        out += self.diff[:2]
         return "\n".join(out)
 
     def record(self, item) -> None:
