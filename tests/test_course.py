@@ -479,3 +479,10 @@ def test_setup_resolves_on_python_3_10(tmp_path):
                            *REQUIREMENTS.split()], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Would install" in done.stdout and "torch" in done.stdout
+
+
+def test_the_sheet_prints_the_points_table():
+    sheet = grading.read(os.path.join(ROOT, "docs", "course.md"))
+    for k, (title, points) in EXERCISES.items():
+        assert f"| {k} {title} | " + ", ".join(f"`{n}` {p}" for n, p in points.items()) + " |" \
+            in sheet
