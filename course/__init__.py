@@ -1,0 +1,1 @@
+"""The course kit: handouts, a grader, a Gradescope bundle (python -m course --help)."""

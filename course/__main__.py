@@ -1,0 +1,277 @@
+"""Course mode: tokencredit.py's equations as exercises, and a grader no submission can fool.
+
+  python -m course handout DIR [--set NAME] [--answers]   a student copy with the exercises blank
+  python -m course grade [PATH] [--set NAME] [-e K] [--seed S] [--strict]   one line per exercise
+  python -m course grade-all DIR [--set NAME] [--csv FILE] [--gradescope-dir OUT]   a class
+  python -m course gradescope OUT.zip --set NAME          a Gradescope autograder bundle
+  python -m course list [--set NAME]                      the points table and each function's tests
+  python -m course plants DIR                             selfcheck's plants as a class to grade
+  python -m course answers [FILE]                         the sheet's answers, for the instructor
+  python -m course selfcheck                              the grader's own checks (CI runs it)
+
+The sheet is docs/course.md. The student's code computes and the grader judges: each exercise of
+a submission runs in a process of its own (course/child.py: its own folder, HOME, limits, and,
+when the grader is root, a chroot jail and an unprivileged user), which answers the tests' calls
+with values; the tests run in a process that never runs a student's code (course/judge.py).
+Official grades (grade PATH in the repository, grade-all, the bundle) put the student's exercise
+k beside the reference's other exercises, with the reference's exercise k blank, and check on
+fresh inputs drawn from a seed chosen for that grade (tests/test_hidden.py). In a handout there
+is no reference: the student's file runs whole, at seed 0, with the loops' recorded outputs.
+"""
+
+import argparse
+import csv
+import json
+import os
+import random
+import sys
+import time
+
+from . import grading, report
+from .exercises import EXERCISES, SETS, names as exercise_names, points as exercise_points
+from .flags import scan
+from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, fresh_seed, find_student,
+                      flag_row, read, test_files, test_map, zero_rows)
+
+
+def setting(set_name=None, seed=None) -> dict:
+    """Where this kit sits: a handout (its own map, seed 0, no reference), a Gradescope bundle
+    (its own set, seed and map) or the repository (the reference; a fresh seed)."""
+    if os.path.exists(os.path.join(ROOT, MAP_FILE)):
+        saved = json.loads(read(os.path.join(ROOT, MAP_FILE)))
+        return dict(reference=None, mapping=saved, exercises=saved["exercises"],
+                    set=saved["set"], seed=0, where="handout", limits={})
+    reference = read(os.path.join(ROOT, "tokencredit.py"))
+    if os.path.exists(os.path.join(ROOT, BUNDLE_FILE)):
+        config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
+        return dict(reference=reference, mapping=test_map(reference), set=config["set"],
+                    exercises=list(SETS[config["set"]]), seed=config["seed"], where="bundle",
+                    limits=config.get("limits", {}))
+    set_name = set_name or "all"
+    return dict(reference=reference, mapping=test_map(reference), set=set_name,
+                exercises=list(SETS[set_name]), seed=fresh_seed() if seed is None else seed,
+                where="repository", limits={})
+
+
+def limits_of(args) -> dict:
+    out = {}
+    for name in LIMITS:
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def cmd_grade(args) -> None:
+    started = time.monotonic()
+    path, extras = find_student(args.path or os.path.join(ROOT, "tokencredit.py"))
+    where = setting(args.set, args.seed)
+    if args.only and not set(args.only) <= set(where["exercises"]):
+        raise SystemExit(f"course: exercises {args.only} asked for, this set has "
+                         f"{where['exercises']}")
+    source = read(path)
+    flags = scan(source, extras)
+    grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
+                    dict(where["limits"], **limits_of(args)))
+    try:
+        rows = grader.grade(source, os.path.basename(path), args.only)
+    finally:
+        grader.close()
+    flag_row(rows, flags, args.strict)
+    print(f"grading {os.path.abspath(path)}, set {where['set']}, "
+          + ("each exercise beside the reference's others, on fresh inputs (seed "
+             f"{where['seed']}; --seed {where['seed']} grades the same inputs again)"
+             if where["reference"] else "the file whole, exercises in order"))
+    for line in report.flag_lines(flags):
+        print(line)
+    print(report.format_rows(rows, args.verbose or bool(args.only)))
+    print(f"({time.monotonic() - started:.1f} s)")
+    if args.gradescope:
+        with open(args.gradescope, "w") as f:
+            json.dump(report.gradescope(rows, flags), f, indent=1)
+        print(f"wrote {args.gradescope}")
+
+
+def students_of(folder: str) -> list:
+    out = []
+    for entry in sorted(os.listdir(folder)):
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path) or entry.endswith(".py"):
+            out.append((entry[:-3] if entry.endswith(".py") else entry, path))
+    return out
+
+
+def cmd_grade_all(args) -> None:
+    started = time.monotonic()
+    where = setting(args.set, args.seed)
+    if where["reference"] is None:
+        raise SystemExit("course: grade a class from the repository (or a bundle), not from a "
+                         "handout")
+    csv_file = args.csv or "grades.csv"
+    if os.path.exists(csv_file):
+        os.remove(csv_file)  # a stopped run leaves no old file that looks new
+    students = students_of(args.dir)
+    order = list(students)
+    if args.order == "reverse":
+        order.reverse()
+    elif args.order == "random":
+        random.shuffle(order)
+    grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
+                    limits_of(args))
+    grader.start()  # the judges, their tests and the map: ready before any submission is read
+    graded = {}
+    try:
+        for name, path in order:
+            try:
+                student, extras = find_student(path)
+                source = read(student)
+            except (ValueError, OSError, UnicodeDecodeError) as error:
+                graded[name] = (zero_rows(where["exercises"], str(error)), [])
+                continue
+            flags = scan(source, extras)
+            rows = grader.grade(source, os.path.basename(student))
+            flag_row(rows, flags, args.strict)
+            graded[name] = (rows, flags)
+    finally:
+        grader.close()  # every process of every submission is gone before a grade is written
+    tmp = csv_file + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["student", "set", "seed"] + [f"exercise {k}" for k in where["exercises"]]
+                     + ["total", "max", "flags", "notes"])
+        for name, _ in students:
+            rows, flags = graded[name]
+            said = "; ".join(f"exercise {r['k']}: {n}" for r in rows for n in report.notes(r))
+            out.writerow([name, where["set"], where["seed"]]
+                         + [f"{r['points']:.2f}" for r in rows]
+                         + [f"{sum(r['points'] for r in rows):.2f}",
+                            f"{sum(r['max'] for r in rows):g}", "; ".join(flags), said])
+            if args.gradescope_dir:
+                os.makedirs(os.path.join(args.gradescope_dir, name), exist_ok=True)
+                with open(os.path.join(args.gradescope_dir, name, "results.json"), "w") as g:
+                    json.dump(report.gradescope(rows, flags), g, indent=1)
+    os.replace(tmp, csv_file)
+    print(f"graded {len(students)} submissions (set {where['set']}, seed {where['seed']}) in "
+          f"{time.monotonic() - started:.1f} s: wrote {csv_file}"
+          + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else ""))
+
+
+def cmd_list(args) -> None:
+    where = setting(args.set, 0)
+    plan = grading.scheme(where["mapping"], where["exercises"], False)
+    print("points: each function's share of its exercise (course/exercises.py, EXERCISES)")
+    for k in where["exercises"]:
+        print(f"exercise {k}: {EXERCISES[k][0]}, {exercise_points(k):g} points")
+        for name in exercise_names(k):
+            tests = plan[k]["functions"][name]
+            kinds = [where["mapping"]["kinds"].get(t, "other") for t in tests]
+            print(f"  {name}: {EXERCISES[k][1][name]:g} points, {len(tests)} tests ("
+                  + ", ".join(f"{kinds.count(x)} {x}" for x in ("hand", "loop", "fresh",
+                                                                "other") if kinds.count(x))
+                  + ")")
+            if args.verbose:
+                for test in tests:
+                    print(f"      {test}")
+
+
+def cmd_plants(args) -> None:
+    from .exercises import CORRECT, ENDLESS, MISTAKES
+    from .selfcheck import write_plants
+    if not MISTAKES:
+        raise SystemExit("course: this copy holds no planted mistakes; run this in the repository")
+    n = write_plants(args.dir)
+    print(f"wrote {n} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
+          f"{len(CORRECT)} other correct solutions, 1 endless loop (exercise {ENDLESS[0]}); "
+          f"the file name says which exercise each should cost")
+
+
+def add_limits(parser) -> None:
+    parser.add_argument("--time-limit", type=float, dest="time_s", metavar="S",
+                        help=f"seconds per exercise (default {LIMITS['time_s']:g})")
+    parser.add_argument("--memory-limit", type=int, dest="memory_mb", metavar="MB",
+                        help=f"memory per exercise beyond torch's (default {LIMITS['memory_mb']})")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m course", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="The exercise sheet: docs/course.md")
+    commands = parser.add_subparsers(dest="command", required=True)
+    sets = "; ".join(f"{name} = {', '.join(map(str, ks))}" for name, ks in SETS.items())
+    handout = commands.add_parser("handout", help="write a student copy with the exercises blank")
+    handout.add_argument("dir", help="a new or empty folder")
+    handout.add_argument("--set", default="all", choices=SETS, help="which exercises: " + sets)
+    handout.add_argument("--answers", action="store_true",
+                         help="keep the sheet's answers (self-study); by default they are left out")
+    grade = commands.add_parser("grade", help="grade a tokencredit.py, one line per exercise")
+    grade.add_argument("path", nargs="?", help="the student's tokencredit.py, or a folder holding "
+                       "it (default: the one beside course/)")
+    grade.add_argument("--set", choices=SETS, help="grade only this set's exercises (default: "
+                       "the handout's, else all); never read from the submission")
+    grade.add_argument("-e", "--exercise", type=int, action="append", dest="only",
+                       help="only this exercise, with its failing tests (repeatable)")
+    grade.add_argument("-v", "--verbose", action="store_true", help="list the failing tests")
+    grade.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json")
+    grade.add_argument("--seed", type=int, help="the fresh inputs' seed (default: a new one)")
+    grade.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
+    add_limits(grade)
+    class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
+    class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/")
+    class_.add_argument("--set", choices=SETS, help="which exercises (default all)")
+    class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
+    class_.add_argument("--gradescope-dir", metavar="OUT",
+                        help="also write OUT/STUDENT/results.json")
+    class_.add_argument("--seed", type=int, help="the fresh inputs' seed (default: a new one, "
+                        "written in the CSV)")
+    class_.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
+    class_.add_argument("--order", choices=("name", "reverse", "random"), default="name",
+                        help="the order students are graded in (the CSV is always by name)")
+    add_limits(class_)
+    bundle = commands.add_parser("gradescope", help="write a Gradescope autograder bundle (.zip)")
+    bundle.add_argument("out", help="the .zip to write")
+    bundle.add_argument("--set", required=True, choices=SETS, help=sets)
+    bundle.add_argument("--seed", type=int, help="the fresh inputs' seed (default: a new one)")
+    bundle.add_argument("--user", default="student", help="the unprivileged user setup.sh "
+                        "creates to run the students' code (default student)")
+    add_limits(bundle)
+    auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
+    auto.add_argument("--root", default="/autograder")
+    list_ = commands.add_parser("list", help="the points table and each function's tests")
+    list_.add_argument("--set", choices=SETS)
+    list_.add_argument("-v", "--verbose", action="store_true", help="name each test")
+    plants = commands.add_parser("plants", help="write selfcheck's planted mistakes as a class "
+                                 "to grade (try grade-all on it)")
+    plants.add_argument("dir", help="a new or empty folder")
+    answers = commands.add_parser("answers", help="the sheet's answers (left out of a handout)")
+    answers.add_argument("file", nargs="?", help="write them here (default: print them)")
+    commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
+                        "handouts")
+    args = parser.parse_args(argv)
+    if args.command == "handout":
+        from .handout import cmd_handout
+        cmd_handout(args.dir, args.set, args.answers)
+    elif args.command == "grade":
+        cmd_grade(args)
+    elif args.command == "grade-all":
+        cmd_grade_all(args)
+    elif args.command == "gradescope":
+        from .bundle import cmd_gradescope
+        cmd_gradescope(args.out, args.set, args.seed, args.user, limits_of(args))
+    elif args.command == "autograde":
+        from .bundle import cmd_autograde
+        cmd_autograde(args.root)
+    elif args.command == "list":
+        cmd_list(args)
+    elif args.command == "plants":
+        cmd_plants(args)
+    elif args.command == "answers":
+        from .handout import cmd_answers
+        cmd_answers(args.file)
+    else:
+        from .selfcheck import cmd_selfcheck
+        cmd_selfcheck()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The Gradescope bundle: what it carries, how it installs, how it grades.
+
+It carries the grader (course/ without the planted mistakes, the handout writer or selfcheck),
+the reference tokencredit.py (the other exercises of a submission run beside it), the tests, the
+map, and its configuration: the set, the seed of the fresh inputs, the students' user and the
+limits. setup.sh installs what grading imports (CPU torch, numpy, pytest), creates that user and
+makes the autograder's files readable by root alone; the students' code then runs as that user,
+in a chroot jail, one process per exercise.
+"""
+
+import json
+import os
+import sys
+import zipfile
+
+from .exercises import EXERCISE_OF, EXERCISES, SETS, points as exercise_points
+from .grading import (BUNDLE_FILE, HERE, HIDDEN, ROOT, TESTS, Grader, fresh_seed, map_key,
+                      read, sha, test_files, test_map, find_student)
+
+MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
+           "grading.py", "report.py", "flags.py", "bundle.py")
+REQUIREMENTS = "numpy\npytest\n"  # and torch, from the CPU index (setup.sh)
+TORCH = "torch>=2.4,<3"
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, in /autograder/source, when it builds the autograder's image.
+set -euo pipefail
+cd "$(dirname "$0")"
+if ! command -v python3 > /dev/null || ! python3 -m pip --version > /dev/null 2>&1; then
+    apt-get update && apt-get install -y python3 python3-pip
+fi
+export PIP_BREAK_SYSTEM_PACKAGES=1  # newer images: pip may install beside the system's python
+python3 -m pip install --index-url https://download.pytorch.org/whl/cpu "{torch}"
+python3 -m pip install -r requirements.txt
+# the students' code runs as this user, which can read none of the autograder's files
+id -u {user} > /dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin {user}
+chmod -R go-rwx "$(pwd)"
+"""
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for each submission: the grade goes to /autograder/results/results.json.
+# AUTOGRADER_ROOT and PYTHON override /autograder and python3 (to run it on your own machine).
+root="${AUTOGRADER_ROOT:-/autograder}"
+cd "$root/source"
+exec "${PYTHON:-python3}" -m course autograde --root "$root"
+"""
+
+
+def strip_selfcheck(source: str) -> str:
+    """exercises.py without MISTAKES, CORRECT and ENDLESS: they quote the reference."""
+    import ast
+    tree, lines = ast.parse(source), source.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id in ("MISTAKES", "CORRECT", "ENDLESS"):
+            name = node.targets[0].id
+            empty = "()" if name != "ENDLESS" else "(0, '', ())"
+            lines[node.lineno - 1:node.end_lineno] = [
+                f"{name} = {empty}  # left out of this copy: they quote the solutions\n"]
+    return "".join(lines)
+
+
+def cmd_gradescope(out: str, set_name: str, seed, user: str, limits: dict) -> None:
+    if os.path.exists(os.path.join(ROOT, "course_map.json")):
+        raise SystemExit("course: make the bundle from the repository, not from a handout")
+    reference = read(os.path.join(ROOT, "tokencredit.py"))
+    mapping = test_map(reference)
+    seed = fresh_seed() if seed is None else seed
+    for _ in range(5):  # the seed's fresh tests pass on the reference, or another is drawn
+        grader = Grader(reference, mapping, SETS[set_name], seed, limits, workers=1)
+        fresh = sorted({t for k in SETS[set_name] for t in grader.tests_of(k)
+                        if mapping["kinds"].get(t) == "fresh"})
+        try:
+            grader.start(1)
+            check, = grader.driver.run([dict(student=reference, label="tokencredit.py",
+                                             reference=None, names=list(EXERCISE_OF),
+                                             tests=fresh, limit=600)])
+        finally:
+            grader.close()
+        if len(check["results"]) == len(fresh) and not any(check["results"].values()):
+            break
+        print(f"course: the reference fails a fresh test at seed {seed}; drawing another",
+              file=sys.stderr)
+        seed = fresh_seed()
+    else:
+        raise SystemExit("course: no seed of five passes the reference's fresh tests")
+    tests = test_files()
+    key = map_key(reference, tests)
+    body = dict(key=key, sha=sha(json.dumps(mapping, sort_keys=True)), map=mapping)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in MODULES:
+            z.write(os.path.join(HERE, name), f"course/{name}")
+        z.writestr("course/exercises.py", strip_selfcheck(read(os.path.join(HERE,
+                                                                           "exercises.py"))))
+        z.write(os.path.join(ROOT, "tokencredit.py"), "tokencredit.py")
+        z.write(os.path.join(ROOT, TESTS), TESTS)
+        z.write(os.path.join(ROOT, HIDDEN), HIDDEN)
+        z.writestr(f".course-cache/map-{key[:16]}.json", json.dumps(body))
+        z.writestr(BUNDLE_FILE, json.dumps(dict(set=set_name, seed=seed, user=user,
+                                                limits=limits)))
+        z.writestr("requirements.txt", REQUIREMENTS)
+        for name, text in (("setup.sh", SETUP_SH.format(torch=TORCH, user=user)),
+                           ("run_autograder", RUN_AUTOGRADER)):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0o755 << 16
+            z.writestr(info, text)
+    print(f"wrote {out}: a Gradescope autograder for set {set_name} (exercises "
+          f"{', '.join(map(str, SETS[set_name]))}), fresh inputs from seed {seed}; students "
+          f"submit their tokencredit.py")
+
+
+def cmd_autograde(root: str) -> None:
+    """What run_autograder runs: grade ROOT/submission, write ROOT/results/results.json after
+    every process of the submission is gone."""
+    from . import report
+    from .flags import scan
+    config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
+    exercises = list(SETS[config["set"]])
+    results = os.path.join(root, "results", "results.json")
+    os.makedirs(os.path.dirname(results), exist_ok=True)
+    reference = read(os.path.join(ROOT, "tokencredit.py"))
+    flags = []
+    try:
+        student, extras = find_student(os.path.join(root, "submission"))
+        source = read(student)
+    except (ValueError, OSError, UnicodeDecodeError) as error:
+        out = dict(score=0.0, output=f"No grade: {error}. Submit your tokencredit.py.",
+                   tests=[dict(name=f"exercise {k}: {EXERCISES[k][0]}", score=0.0,
+                               max_score=exercise_points(k), output=str(error))
+                          for k in exercises])
+    else:
+        flags = scan(source, extras)
+        grader = Grader(reference, test_map(reference), exercises, config["seed"],
+                        config.get("limits"), user="name:" + config.get("user", "student"))
+        try:
+            rows = grader.grade(source, os.path.basename(student))
+        finally:
+            grader.close()  # every process of the students' user is gone before results
+        out = report.gradescope(rows, flags)
+        print(report.format_rows(rows, True))
+    with open(results, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {results}: {out['score']} points")

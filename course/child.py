@@ -1,0 +1,285 @@
+"""The student's side: a warm parent (the zygote) that has loaded torch and nothing else, and the
+children it forks, one per submission and exercise, that run the student's code.
+
+    python child.py FD      the zygote; FD is its control socket to the judge
+
+The zygote never sees a submission, a reference or a test. For each fork request it receives a
+socket (the child's line to the judge) and the child's limits; the child then, in this order:
+starts its own session, takes the instructor's limits (memory, file size, processes, CPU time),
+closes every other file, moves into its empty folder (a chroot jail with the judge as root),
+drops to the unprivileged user (when the judge is root), and only then reads the student's file
+and runs it. It answers the judge's calls with values (course/protocol.py), never with code.
+"""
+
+import ctypes
+import json
+import linecache
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import traceback
+import types
+
+if __package__:
+    from . import protocol
+else:  # run as a script from the judge's private copy
+    import protocol
+
+import torch
+
+PRELOADED = ("math", "typing", "functools", "itertools", "collections", "dataclasses",
+             "operator", "numbers", "warnings", "contextlib", "enum", "abc", "__future__",
+             "numpy")
+PR_SET_DUMPABLE = 4
+MESSAGE_LIMIT = 1 << 30  # what the child accepts from the judge
+
+
+def warm() -> None:
+    """Everything a student's module may import, and torch's lazy parts the tests reach, loaded
+    before the fork: a jailed child can read no file."""
+    for name in PRELOADED:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    torch.set_num_threads(1)
+    x = torch.randn(64, 8, dtype=torch.float64, requires_grad=True)
+    y = (torch.quantile(x.detach().float(), 0.5) + torch.log_softmax(x, -1).sum()
+         + torch.expm1(x).sum() + x.std(1).sum() + torch.where(x > 0, x, 0.0).sum())
+    y.backward()
+    torch.tensor([1.0], dtype=torch.bfloat16).float().kthvalue(1)
+    torch.testing.assert_close(x, x)
+
+
+def zygote(fd: int) -> None:
+    control = socket.socket(fileno=fd)
+    warm()
+    children = set()
+    while True:
+        ready, _, _ = select.select([control], [], [], 0.05)
+        for pid in list(children):  # report each child's end, so the judge can say why
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                control.sendall(json.dumps(dict(exit=pid, status=status)).encode() + b"\n")
+        if not ready:
+            continue
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        if not message:
+            os._exit(0)
+        spec = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                control.close()
+                child(spec, fds[0])
+            finally:
+                os._exit(70)
+        for f in fds:
+            os.close(f)
+        children.add(pid)
+        control.sendall(json.dumps(dict(pid=pid)).encode() + b"\n")
+
+
+def vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def child(spec: dict, fd: int) -> None:
+    """Limits, jail, user, then serve the judge on fd."""
+    os.setsid()
+    limits = spec["limits"]
+    memory = vm_size() + int(limits["memory_mb"]) * 2 ** 20
+    for which, value in ((resource.RLIMIT_AS, memory),
+                         (resource.RLIMIT_FSIZE, int(limits["file_mb"]) * 2 ** 20),
+                         (resource.RLIMIT_CPU, int(limits["cpu_s"])),
+                         (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_NPROC, int(limits["processes"]))):
+        resource.setrlimit(which, (value, value))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.closerange(3, fd)  # every file the zygote had open, but the line to the judge
+    os.closerange(fd + 1, 1 << 16)
+    for number in (signal.SIGXFSZ, signal.SIGXCPU, signal.SIGPIPE, signal.SIGTERM,
+                   signal.SIGINT, signal.SIGALRM):
+        signal.signal(number, signal.SIG_DFL)
+    if spec.get("jail"):
+        os.chroot(spec["jail"])
+        work = "/work"
+    else:
+        work = spec["work"]
+    os.chdir(work)
+    if spec.get("uid") is not None:
+        os.setgroups([])
+        os.setgid(spec["gid"])
+        os.setuid(spec["uid"])
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    out = os.open("output.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.environ.clear()
+    os.environ.update(HOME=work, TMPDIR=work, PATH="/usr/bin:/bin", LANG="C.UTF-8")
+    sys.argv = ["tokencredit"]
+    sys.path[:] = [p for p in sys.path if "site-packages" in p or "dist-packages" in p
+                   or p.startswith(sys.base_prefix)]
+    for name in [n for n in sys.modules if n in ("protocol", "__main__", "course")
+                 or n.startswith("course.")]:
+        if name != "__main__":
+            del sys.modules[name]
+    Child(socket.socket(fileno=fd)).serve()
+
+
+class Child:
+    def __init__(self, sock):
+        self.sock, self.module, self.graphs, self.label = sock, None, {}, "tokencredit.py"
+        self.called = set()
+
+    def send(self, header, blobs=()):
+        protocol.send(self.sock, header, blobs)
+
+    def serve(self) -> None:
+        while True:
+            try:
+                header, blobs = protocol.receive(self.sock, MESSAGE_LIMIT)
+            except (EOFError, OSError):
+                os._exit(0)
+            op = header.get("op")
+            try:
+                if op == "load":
+                    self.load(header)
+                elif op == "call":
+                    self.call(header, blobs)
+                elif op == "backward":
+                    self.backward(header, blobs)
+                elif op == "free":
+                    self.graphs.pop(header["id"], None)
+                else:
+                    os._exit(0)
+            except BaseException as error:  # noqa: B902 -- everything becomes a value
+                self.raised(error)
+
+    # -- load: the student's module as written; the reference's other functions beside it
+
+    def load(self, job: dict) -> None:
+        self.label = job["label"]
+        reference = None
+        if job.get("reference") is not None:
+            reference = self.module_from(job["reference"], "reference.py", "tokencredit")
+        student = self.module_from(job["student"], self.label,
+                                   "student_tokencredit" if reference else "tokencredit")
+        names = job["names"]
+        if reference is not None:
+            missing = [n for n in names if not callable(getattr(student, n, None))]
+            if missing:
+                raise NameError(f"{self.label} defines no {', '.join(missing)}")
+            for name in names:  # the reference's other functions call the student's
+                setattr(reference, name, getattr(student, name))
+            for name in job["given"]:  # and the student's call the reference's other functions
+                if name not in names and hasattr(reference, name):
+                    setattr(student, name, getattr(reference, name))
+            self.module = reference
+        else:
+            self.module = student
+        if job.get("trace"):
+            for module in {id(m): m for m in (self.module, student)}.values():
+                for name in job["trace"]:
+                    if callable(getattr(module, name, None)):
+                        setattr(module, name, self.traced(name, getattr(module, name)))
+        self.send(dict(op="loaded"))
+
+    def module_from(self, source: str, label: str, name: str):
+        module = types.ModuleType(name)
+        module.__file__ = label
+        linecache.cache[label] = (len(source), None, source.splitlines(True), label)
+        sys.modules[name] = module
+        exec(compile(source, label, "exec", dont_inherit=True), module.__dict__)
+        return module
+
+    def traced(self, name, function):
+        def traced(*args, **kwargs):
+            self.called.add(name)
+            return function(*args, **kwargs)
+        traced.__wrapped__ = function
+        return traced
+
+    # -- calls, with gradients kept for the judge's backward
+
+    def call(self, header: dict, blobs) -> None:
+        tensors = protocol.decode_tensors(header["tensors"], blobs)
+        versions = [t._version for t in tensors]
+        args = protocol.decode(header["args"], tensors, self.callback)
+        kwargs = protocol.decode(header["kwargs"], tensors, self.callback)
+        function = getattr(self.module, header["name"], None)
+        if not callable(function):
+            raise AttributeError(f"{self.label} has no function {header['name']}")
+        self.called = set()
+        with torch.enable_grad():
+            out = function(*args, **kwargs)
+        value, table, out_blobs, sent = protocol.encode(out)
+        grads_in = [t for t in tensors if t.requires_grad]
+        grads_out = [t for t in sent if t.requires_grad]
+        if grads_in and grads_out:
+            self.graphs[header["id"]] = (grads_in, grads_out)
+        mutated = []
+        for i, t in enumerate(tensors):
+            if t._version != versions[i]:
+                _, table2, blobs2, _ = protocol.encode(t)
+                mutated.append([i, len(out_blobs)])
+                out_blobs.append(blobs2[0])
+        self.send(dict(op="return", value=value, tensors=table, mutated=mutated,
+                       called=sorted(self.called)), out_blobs)
+
+    def backward(self, header: dict, blobs) -> None:
+        inputs, outputs = self.graphs[header["id"]]
+        grads = protocol.decode_tensors(header["tensors"], blobs)
+        given = [grads[i] if i is not None else torch.zeros_like(o)
+                 for i, o in zip(header["grads"], outputs)]
+        found = torch.autograd.grad(outputs, inputs, given, retain_graph=True, allow_unused=True)
+        value, table, out_blobs, _ = protocol.encode([g for g in found])
+        self.send(dict(op="grads", value=value, tensors=table), out_blobs)
+
+    def callback(self, index: int):
+        """A stub for the judge's callable `index` (fill_batch's sample_groups)."""
+        def stub(*args, **kwargs):
+            value, table, blobs, _ = protocol.encode([list(args), kwargs])
+            self.send(dict(op="callback", i=index, args=value, tensors=table), blobs)
+            header, blobs = protocol.receive(self.sock, MESSAGE_LIMIT)
+            tensors = protocol.decode_tensors(header.get("tensors", []), blobs)
+            if header.get("op") == "callback_raise":
+                raise {"ValueError": ValueError, "TypeError": TypeError}.get(
+                    header.get("type"), RuntimeError)(header.get("message", ""))
+            return protocol.decode(header["value"], tensors)
+        return stub
+
+    # -- what went wrong, as values
+
+    def raised(self, error: BaseException) -> None:
+        if isinstance(error, MemoryError) or (
+                isinstance(error, RuntimeError) and "alloc" in str(error).lower()
+                and "memory" in str(error).lower()):
+            self.send(dict(op="limit", which="memory"))
+            os._exit(0)
+        where = []
+        for frame in traceback.extract_tb(error.__traceback__):
+            if frame.filename in (self.label, "reference.py"):
+                where.append([frame.filename, frame.lineno, frame.name, (frame.line or "")[:200]])
+        try:
+            message = str(error)[:4000]
+        except Exception:  # noqa: BLE001 -- a message that cannot be made
+            message = "(no message)"
+        self.send(dict(op="raise", type=type(error).__name__, message=message, where=where[-6:]))
+
+
+if __name__ == "__main__":
+    zygote(int(sys.argv[1]))

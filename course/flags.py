@@ -1,0 +1,94 @@
+"""The flag scan: what in a submission reaches past the exercises, read from its ast (nothing is
+run). A flag is for the instructor to look at; with --strict a flagged submission gets 0 until
+reviewed. A correct solution written the ordinary way has none."""
+
+import ast
+
+IMPORTS = {"math", "typing", "torch", "functools", "itertools", "collections", "dataclasses",
+           "numbers", "operator", "__future__", "numpy"}  # what an exercise may need
+NAMES = {"open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars",
+         "breakpoint", "__builtins__", "setattr", "delattr", "__loader__", "__spec__"}
+MODULES = {"sys", "os", "importlib", "inspect", "builtins", "ctypes", "subprocess", "signal",
+           "atexit", "gc", "threading", "multiprocessing", "_thread", "socket", "pickle",
+           "marshal", "shutil", "pathlib", "io", "resource", "pty", "mmap", "_pytest", "pytest",
+           "tempfile", "linecache", "traceback", "types", "weakref", "runpy", "pkgutil", "posix",
+           "_posixsubprocess", "concurrent", "asyncio", "select", "fcntl"}
+FRAMES = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame", "cr_frame",
+          "co_code", "tb_next"}
+DUNDERS_OK = {"__name__", "__doc__"}
+EXTRA_FILES = (".py", ".json", ".pth", ".so", ".pyc", ".cfg", ".ini", ".toml", ".pt")
+BIG_NUMBER = 10 ** 8  # an int this large is a memory bomb's size
+BIG_LITERAL = 2000  # characters of a string, or elements of a literal: stored answers
+
+
+def scan(source: str, extra_files=()) -> list:
+    """The flags of a submission: "line N: what"."""
+    flags = [f"the submission also holds {name}, which grading ignores" for name in extra_files
+             if name.endswith(EXTRA_FILES) or "/" not in name and name.startswith("conftest")]
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return flags
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef,
+                                       ast.ClassDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                modules.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                modules.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        said = None
+        if isinstance(node, ast.Import):
+            bad = [a.name for a in node.names if a.name.split(".")[0] not in IMPORTS]
+            said = f"imports {', '.join(bad)}" if bad else None
+        elif isinstance(node, ast.ImportFrom):
+            top = (node.module or "").split(".")[0]
+            said = f"imports from {node.module or '.'}" if node.level or top not in IMPORTS \
+                else None
+        elif isinstance(node, ast.Name) and node.id in NAMES:
+            said = f"uses {node.id}"
+        elif isinstance(node, ast.Name) and node.id in MODULES:
+            said = f"uses {node.id}"
+        elif isinstance(node, ast.Attribute):
+            if node.attr in MODULES:
+                said = f"reaches {node.attr} through an attribute"
+            elif node.attr in FRAMES or (node.attr.startswith("__") and node.attr.endswith("__")
+                                         and node.attr not in DUNDERS_OK):
+                said = f"uses the attribute {node.attr}"
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
+                else [node.target]
+            for target in targets:
+                root = target
+                while isinstance(root, (ast.Attribute, ast.Subscript)):
+                    root = root.value
+                if isinstance(target, (ast.Attribute, ast.Subscript)) and \
+                        isinstance(root, ast.Name) and root.id in modules:
+                    said = f"writes an attribute of the module {root.id}"
+        elif isinstance(node, ast.Constant) and id(node) not in docstrings:
+            if isinstance(node.value, (str, bytes)) and len(node.value) > BIG_LITERAL:
+                said = f"holds a literal of {len(node.value)} characters (stored answers?)"
+            elif type(node.value) is int and abs(node.value) >= BIG_NUMBER:
+                said = f"uses the number {node.value} (a memory bomb's size?)"
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+            size = len(node.keys if isinstance(node, ast.Dict) else node.elts)
+            if size > BIG_LITERAL // 10:
+                said = f"holds a literal of {size} elements (stored answers?)"
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and all(
+                isinstance(x, ast.Constant) and type(x.value) is int
+                for x in (node.left, node.right)):
+            if 0 <= node.right.value < 200 and abs(node.left.value) ** node.right.value \
+                    >= BIG_NUMBER:
+                said = f"uses the number {node.left.value} ** {node.right.value} " \
+                       f"(a memory bomb's size?)"
+        if said:
+            flags.append(f"line {line}: {said}")
+    return sorted(set(flags), key=lambda f: (not f.startswith("line"), int(
+        f.split(":")[0][5:]) if f.startswith("line") else 0, f))

@@ -1,0 +1,645 @@
+"""Grading: the driver that runs the judges and the students' processes, the test map, the points.
+
+The driver (this process) is a child subreaper: every process a submission starts, detached or
+not, stays its descendant. It starts the judge workers (course/judge.py) before any submission
+is read, hands each its copy of the tests (checked by hash), then grades one submission at a
+time: exercise k of a submission is one job, a child process of its own with the instructor's
+limits. After each submission, and before anything is written, it kills every process that is
+not a judge or a judge's zygote.
+"""
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from .exercises import EXERCISE_OF, EXERCISES, names as exercise_names, points as exercise_points
+from .source import blank, constants, functions, kept_statements
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
+TESTS = "test_tokencredit.py"
+HIDDEN = os.path.join("tests", "test_hidden.py")
+MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
+SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
+BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, seed, user, limits
+CACHE = os.path.join(ROOT, ".course-cache")
+MAP_VERSION = 3  # bump when the way the map is computed changes
+LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
+    time_s=120.0,  # wall time for one exercise's tests
+    test_s=10.0,  # wall time for one test
+    memory_mb=2048,  # memory the student's process may add to what torch takes
+    file_mb=16,  # the largest file it may write (its printed output goes to one)
+    processes=64,  # processes of the student's user (enforced when it is not root)
+    cpu_s=240,  # CPU time of the student's process
+)
+LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
+               "test time": "the time limit ({test_s:g} s per test)",
+               "memory": "the memory limit ({memory_mb} MB)",
+               "file size": "the file size limit ({file_mb} MB)",
+               "cpu time": "the CPU time limit ({cpu_s} s)",
+               "output size": "the output size limit (256 MB per answer)",
+               "malformed": "the grader's protocol (it answered malformed data)",
+               "died": "no limit: its process died"}
+PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def sha(*parts) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> dict:
+    """{pid: (ppid, state)} of every live process below root, from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            table[int(entry)] = (int(fields[1]), fields[0])
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out[pid] = table[pid]
+        todo += children.get(pid, [])
+    return out
+
+
+def student_user(preferred=None):
+    """(uid, gid) the students' code runs as when the grader is root: COURSE_USER, else the
+    bundle's user, else nobody. None when the grader is not root."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+    for name in (os.environ.get("COURSE_USER"), preferred, "nobody"):
+        if name:
+            try:
+                entry = pwd.getpwnam(name)
+                return entry.pw_uid, entry.pw_gid
+            except KeyError:
+                continue
+    return 65534, 65534
+
+
+class Driver:
+    """The judge workers and the one-submission-at-a-time loop."""
+
+    def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
+                 workers=None, user="auto"):
+        self.limits = dict(LIMITS, **(limits or {}))
+        self.seed, self.workers, self.pool = seed, workers or min(2, os.cpu_count() or 1), []
+        self.user = student_user() if user == "auto" else \
+            student_user(user[5:]) if isinstance(user, str) and user.startswith("name:") else user
+        self.private = tempfile.mkdtemp(prefix="course-judge-")
+        os.chmod(self.private, 0o711 if self.user else 0o700)
+        tests_dir = os.path.join(self.private, "tests")
+        os.makedirs(tests_dir, mode=0o700)
+        self.hashes = {}
+        for name, path in tests.items():  # the tests, read once, before any submission
+            shutil.copy(path, os.path.join(tests_dir, name))
+            with open(os.path.join(tests_dir, name), "rb") as f:
+                self.hashes[name] = hashlib.sha256(f.read()).hexdigest()
+        self.config = dict(private=self.private, tests_dir=tests_dir, hashes=self.hashes,
+                           files=[n for n in tests if n.endswith(".py")], seed=seed,
+                           constants=consts, functions=list(function_names), limits=self.limits,
+                           user=self.user, jail=self.user is not None)
+        self.subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.tests = None
+        for _ in range(self.workers):
+            self.pool.append(self.start_worker())
+        for worker in self.pool:
+            self.wait_ready(worker)
+
+    def start_worker(self) -> dict:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   PYTHONDONTWRITEBYTECODE="1")
+        env.pop("TOKENCREDIT_SEED", None)
+        log = open(os.path.join(self.private, f"worker-{len(self.pool)}-{time.time_ns()}.log"),
+                   "w")
+        process = subprocess.Popen([sys.executable, "-m", "course.judge", str(theirs.fileno())],
+                                   pass_fds=[theirs.fileno()], cwd=self.private, env=env,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        theirs.close()
+        ours.sendall(json.dumps(self.config).encode() + b"\n")
+        return dict(process=process, channel=ours, buffer=b"", job=None, log=log, ready=False)
+
+    def wait_ready(self, worker) -> None:
+        message = self.next_message(worker, time.monotonic() + 300)
+        if not message or not message.get("ready"):
+            worker["log"].flush()
+            raise SystemExit("course: the judge did not start: "
+                             + (message or {}).get("error", read(worker["log"].name)[-3000:]))
+        worker["ready"], self.tests = True, message["tests"]
+
+    def next_message(self, worker, deadline):
+        while b"\n" not in worker["buffer"]:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([worker["channel"]], [], [], remaining)
+            if not ready:
+                return None
+            data = worker["channel"].recv(1 << 20)
+            if not data:
+                return None
+            worker["buffer"] += data
+        line, worker["buffer"] = worker["buffer"].split(b"\n", 1)
+        return json.loads(line)
+
+    def kill_worker(self, worker) -> None:
+        try:
+            worker["process"].kill()
+        except OSError:
+            pass
+        worker["process"].wait()
+        worker["channel"].close()
+
+    def run(self, jobs: list) -> list:
+        """Each job's result, in order: the jobs of one submission (or the map's)."""
+        for n, job in enumerate(jobs):
+            job["id"] = n
+        todo, results = list(jobs), {}
+        while len(results) < len(jobs):
+            for i, worker in enumerate(self.pool):
+                if worker["job"] is None and todo:
+                    job = todo.pop(0)
+                    worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
+                    try:
+                        worker["channel"].sendall(json.dumps(job).encode() + b"\n")
+                    except OSError:
+                        pass
+            busy = [w for w in self.pool if w["job"] is not None]
+            ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
+            for worker in busy:
+                message = None
+                if worker["channel"] in ready or b"\n" in worker["buffer"]:
+                    message = self.next_message(worker, time.monotonic() + 0.01)
+                    if message is None and b"\n" not in worker["buffer"]:
+                        gone = worker["process"].poll() is not None
+                        if not gone:
+                            continue
+                if message is not None:
+                    results[message["id"]] = message
+                    worker["job"] = None
+                elif worker["process"].poll() is not None or time.monotonic() > worker["deadline"]:
+                    job = worker["job"]
+                    results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
+                                              stopped="the grader's judge process stopped",
+                                              calls={}, snapshots={})
+                    self.kill_worker(worker)
+                    self.pool[self.pool.index(worker)] = fresh = self.start_worker()
+                    self.wait_ready(fresh)
+        return [results[n] for n in range(len(jobs))]
+
+    def sweep(self) -> int:
+        """Kill every process below this one that is not a judge or a judge's zygote: all that
+        a submission started, detached children included. Returns how many were killed."""
+        judges = {w["process"].pid for w in self.pool}
+        killed = 0
+        for _ in range(100):
+            found = descendants(os.getpid())
+            keep = judges | {p for p, (ppid, _) in found.items() if ppid in judges}
+            targets = [p for p, (_, state) in found.items() if p not in keep and state != "Z"]
+            for pid in targets:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except OSError:
+                    pass
+            while True:  # reap the orphans that came to this process
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+            if not targets:
+                return killed
+            time.sleep(0.01)
+        return killed
+
+    def kill_user(self) -> None:
+        """Every process of the students' user, wherever it is (a dedicated user only)."""
+        if not self.user or self.user[0] in (0, 65534):
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(self.user[1])
+                os.setuid(self.user[0])
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+
+    def close(self) -> None:
+        for worker in self.pool:
+            try:
+                worker["channel"].sendall(b'{"quit": true}\n')
+            except OSError:
+                pass
+        for worker in self.pool:
+            try:
+                worker["process"].wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill_worker(worker)
+            worker["log"].close()
+        self.sweep()
+        self.kill_user()
+        shutil.rmtree(self.private, ignore_errors=True)
+
+
+# -----------------------------------------------------------------------------
+# the test map: which tests fail when one function is blank; computed once, kept in the cache
+
+def test_files(root=ROOT) -> dict:
+    """{name in the judge's folder: path}: the tests and, in a handout, the loops' outputs."""
+    out = {TESTS: os.path.join(root, TESTS)}
+    for extra in (HIDDEN, SNAPSHOTS):
+        if os.path.exists(os.path.join(root, extra)):
+            out[os.path.basename(extra)] = os.path.join(root, extra)
+    return out
+
+
+def map_key(reference: str, tests: dict) -> str:
+    return sha(str(MAP_VERSION), reference, *[read(p) for p in tests.values()],
+               json.dumps(EXERCISES))
+
+
+def kind(test: str, snapshots: dict) -> str:
+    """"fresh" (the hidden set: inputs drawn from the grade's seed), "hand" (a hand-worked case),
+    "loop" (compares with a plain-loop reference), or "other" (an invariant)."""
+    if test.startswith("test_hidden_"):
+        return "fresh"
+    if "hand_worked" in test:
+        return "hand"
+    if any(key.startswith(test + "::ref_") for key in snapshots):
+        return "loop"
+    return "other"
+
+
+def compute_map(reference: str, tests: dict, quiet=False) -> dict:
+    started = time.monotonic()
+    names, fn_names = list(EXERCISE_OF), list(functions(reference))
+    driver = Driver(tests, 0, constants(reference), fn_names)
+    try:
+        everything = list(driver.tests)
+        whole, = driver.run([dict(student=reference, label="tokencredit.py", reference=None,
+                                  names=names, tests=everything, trace=names, record=True,
+                                  limit=LIMITS["time_s"] * 8)])
+        failing = [t for t, failure in whole["results"].items() if failure]
+        if whole["error"] or failing or whole["stopped"]:
+            raise SystemExit(f"course: the reference fails {len(failing)} tests: {failing[:5]} "
+                             f"{whole['error'] or whole['stopped'] or ''}\n"
+                             + "\n".join(whole["results"][t] for t in failing[:2]))
+        calls = {t: set(c) for t, c in whole["calls"].items()}
+        jobs = [dict(student=blank(reference, names=[name]), label="tokencredit.py",
+                     reference=None, names=names, limit=LIMITS["time_s"] * 4,
+                     tests=sorted(t for t in everything if name in calls.get(t, ())))
+                for name in names]
+        results = driver.run(jobs)
+    finally:
+        driver.close()
+    fails = {name: sorted(t for t, failure in result["results"].items() if failure)
+             for name, result in zip(names, results)}
+    mapping = dict(tests=sorted(everything), fails=fails, snapshots=whole["snapshots"],
+                   kinds={t: kind(t, whole["snapshots"]) for t in everything},
+                   constants=constants(reference), functions=fn_names)
+    if not quiet:
+        print(f"course: computed the test map in {time.monotonic() - started:.1f} s "
+              f"({len(names) + 1} runs)", file=sys.stderr)
+    return mapping
+
+
+def test_map(reference: str, tests=None, quiet=False) -> dict:
+    """The map, from the cache when nothing has changed and its hash checks; read once, before
+    any submission runs, and kept in memory."""
+    tests = tests or test_files()
+    key = map_key(reference, tests)
+    path = os.path.join(CACHE, f"map-{key[:16]}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        body = saved.get("map")
+        if saved.get("key") == key and saved.get("sha") == sha(json.dumps(body, sort_keys=True)):
+            return body
+        print(f"course: {path} does not match its hash; computing the map again", file=sys.stderr)
+    mapping = compute_map(reference, tests, quiet)
+    os.makedirs(CACHE, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=CACHE)
+    with os.fdopen(fd, "w") as f:
+        json.dump(dict(key=key, sha=sha(json.dumps(mapping, sort_keys=True)), map=mapping), f)
+    os.chmod(tmp, 0o400)
+    os.replace(tmp, path)
+    return mapping
+
+
+def needs(mapping: dict) -> dict:
+    """{test: the exercises it fails without}."""
+    out = {}
+    for name, tests in mapping["fails"].items():
+        for test in tests:
+            out.setdefault(test, set()).add(EXERCISE_OF[name])
+    return out
+
+
+def scheme(mapping: dict, exercises, in_order: bool) -> dict:
+    """{k: {"functions": {name: its tests}, "later": {test: later exercises of the set it
+    needs}}}. In order (a handout), a test that needs a later exercise still blank waits."""
+    need, out = needs(mapping), {}
+    for k in exercises:
+        tests = {name: list(mapping["fails"].get(name, [])) for name in exercise_names(k)}
+        later = {t: sorted(j for j in need[t] if j > k and j in exercises)
+                 for ts in tests.values() for t in ts} if in_order else {}
+        out[k] = dict(functions=tests, later={t: js for t, js in later.items() if js})
+    return out
+
+
+# -----------------------------------------------------------------------------
+# points
+
+def blocker(failure):
+    """The exercise whose NotImplementedError stopped a test, if one did."""
+    found = re.search(r"NotImplementedError: exercise (\d+):", failure or "")
+    return int(found.group(1)) if found else None
+
+
+def outcome(result: dict, test: str):
+    """None if the test passed, else what failed."""
+    if result.get("error"):
+        return result["error"]
+    if test in result["results"]:
+        return result["results"][test]
+    return f"not run: {result.get('stopped') or 'the test did not run'}"
+
+
+def limit_line(limit: str, limits: dict) -> str:
+    return LIMIT_NAMES.get(limit, limit).format(**limits)
+
+
+def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
+    """Exercise k's row. A function's share (its points in EXERCISES) is split by its tests; a
+    function that fails its hand-worked case or a plain-loop comparison keeps at most a quarter
+    of its share, and one that fails a check on fresh inputs keeps nothing."""
+    row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={}, blank=[],
+               limit=None, error=result.get("error"), notes=[])
+    if result.get("limit"):
+        row["limit"] = result["limit"]
+        row["error"] = (f"0 points: {limit_line(result['limit'], limits)} was reached "
+                        f"({result.get('stopped')})")
+    total_points, passed_all, total_all = 0.0, 0, 0
+    functions = plan["functions"]
+    uses = {}  # test: the functions of exercise k it needs
+    for name, tests in functions.items():
+        for t in tests:
+            uses.setdefault(t, set()).add(name)
+    outcomes = {t: outcome(result, t) for t in uses}
+    waiting = {t: blocker(f) for t, f in outcomes.items()
+               if f and blocker(f) in plan["later"].get(t, ())}
+    failed = {t: f for t, f in outcomes.items() if f and t not in waiting}
+    # a failing test that needs several functions of k is charged to those of them that also
+    # fail a test of their own (one that needs no other function of k); to all if none does
+    wrong = {name for name, tests in functions.items()
+             if any(t in failed and uses[t] == {name} for t in tests)}
+    for t in failed:  # else to the functions the test is named after, if any
+        if len(uses[t]) > 1 and not uses[t] & wrong:
+            named = {name for name in uses[t] if name in t}
+            uses[t] = named or uses[t]
+    for name, tests in functions.items():
+        share = EXERCISES[k][1][name]
+        counted = [t for t in tests if t not in waiting and (
+            t not in failed or len(uses[t]) == 1 or name in wrong or not uses[t] & wrong)]
+        bad = [t for t in counted if t in failed]
+        got = share * (len(counted) - len(bad)) / len(counted) if counted else 0.0
+        if any(kinds.get(t) in ("hand", "loop") for t in bad):
+            got = min(got, share / 4)
+        if any(kinds.get(t) == "fresh" for t in bad):
+            got = 0.0
+        if name in result.get("blank", ()):
+            row["blank"].append(name)
+        row["per_function"][name] = (len(counted) - len(bad), len(counted), round(got, 2), share)
+        total_points += got
+    row["failed"], row["waiting"] = failed, waiting
+    total_all = len([t for t in uses if t not in waiting])
+    passed_all = total_all - len(failed)
+    row["points"] = 0.0 if row["limit"] else round(total_points, 2)
+    row["passed"], row["total"] = (0 if row["limit"] else passed_all), total_all
+    return row
+
+
+def not_written(source: str, names) -> list:
+    """The functions of `names` still as a handout gives them: checks, then raise
+    NotImplementedError."""
+    import ast
+    try:
+        defs = functions(source)
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for name in names:
+        node = defs.get(name)
+        if node is not None and kept_statements(node) == len(node.body) - 1 and \
+                isinstance(node.body[-1], ast.Raise) and "NotImplementedError" in \
+                ast.unparse(node.body[-1]):
+            out.append(name)
+    return out
+
+
+def cross_notes(rows: list, mapping: dict) -> None:
+    """In a handout: a failing test of k that uses another exercise j that also fails says so."""
+    need, failing = needs(mapping), {r["k"] for r in rows if r["failed"] or r["blank"]}
+    for row in rows:
+        for test in row["failed"]:
+            others = sorted(j for j in need.get(test, ()) if j != row["k"] and j in failing)
+            if others:
+                row.setdefault("may_come_from", {})[test] = others
+
+
+def flag_row(rows: list, flags: list, strict: bool) -> None:
+    if strict and flags:
+        for row in rows:
+            row["points"] = 0.0
+            row["notes"].append("0 until reviewed (--strict): the submission is flagged")
+
+
+# -----------------------------------------------------------------------------
+# one grading setup: a driver, a map, a set, a seed; then any number of submissions
+
+def fresh_seed() -> int:
+    return secrets.randbelow(10 ** 9)
+
+
+class Grader:
+    """reference None: a handout's grade (the student's file runs whole, exercises in order);
+    else the official grade (exercise k: the student's exercise k beside the reference's others,
+    the reference's exercise k blank in the child's copy)."""
+
+    def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None,
+                 workers=None, user="auto"):
+        self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
+        self.in_order, self.seed = reference is None, seed
+        self.limits = dict(LIMITS, **(limits or {}))
+        self.tests, self.workers, self.user = tests or test_files(), workers, user
+        self.driver = None
+        self.plan = scheme(mapping, self.exercises, self.in_order)
+        self.reference_fails = {}  # fresh test: whether the reference fails it at this seed
+        self.shapes = {}
+
+    def start(self, workers=None) -> None:
+        """The judges, with their copy of the tests: before any submission is read."""
+        if self.driver is None:
+            self.driver = Driver(self.tests, self.seed, self.mapping["constants"],
+                                 self.mapping["functions"], self.limits,
+                                 workers or self.workers, self.user)
+
+    def tests_of(self, k) -> list:
+        return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
+
+    def same_as_reference(self, source: str, k: int) -> bool:
+        """Whether exercise k of this file would run the reference's code exactly: the file is
+        the reference's, statement by statement, but for the bodies of other exercises'
+        functions (which the child replaces by the reference's). Such an exercise needs no run."""
+        if self.reference is None:
+            return False
+        import ast
+        others = set(EXERCISE_OF) - set(exercise_names(k))
+
+        def shape(text):
+            out = []
+            for node in ast.parse(text).body:
+                if isinstance(node, ast.FunctionDef) and node.name in others:
+                    node = ast.FunctionDef(name=node.name, args=node.args, body=[],
+                                           decorator_list=node.decorator_list,
+                                           returns=node.returns, type_comment=None)
+                out.append(ast.dump(node))
+            return out
+        if k not in self.shapes:
+            self.shapes[k] = shape(self.reference)
+        try:
+            return shape(source) == self.shapes[k]
+        except (SyntaxError, ValueError):
+            return False
+
+    def jobs(self, source: str, label: str, exercises) -> list:
+        out = []
+        for k in exercises:
+            job = dict(student=source, label=label, names=list(exercise_names(k)),
+                       tests=self.tests_of(k), limit=self.limits["time_s"])
+            if self.reference is None:
+                job.update(reference=None)
+            else:
+                job.update(reference=blank(self.reference, [k]),
+                           given=self.mapping["functions"])
+            out.append(job)
+        return out
+
+    def grade(self, source: str, label="tokencredit.py", only=None) -> list:
+        """One row per exercise (of `only`, else of the set). Every process the submission
+        started is gone before this returns."""
+        exercises = [k for k in self.exercises if not only or k in only]
+        try:
+            compile(source, label, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as error:
+            return [score(self.plan[k], k, dict(results={}, error=f"{type(error).__name__}: "
+                                                 f"{error}"), self.mapping["kinds"], self.limits)
+                    for k in exercises]
+        same = {k for k in exercises if self.same_as_reference(source, k)}
+        jobs = self.jobs(source, label, [k for k in exercises if k not in same])
+        ran = []
+        if jobs:
+            self.start(min(self.workers or 2, len(jobs)))
+            try:
+                ran = self.driver.run(jobs)
+            finally:
+                self.driver.sweep()
+        results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
+                   else ran.pop(0) for k in exercises]
+        for k, result in zip(exercises, results):
+            result["blank"] = not_written(source, exercise_names(k))
+        self.check_reference(results)
+        rows = []
+        for k, result in zip(exercises, results):
+            excluded = {t for t, fails in self.reference_fails.items() if fails}
+            plan = dict(self.plan[k], functions={n: [t for t in ts if t not in excluded]
+                                                 for n, ts in self.plan[k]["functions"].items()})
+            rows.append(score(plan, k, result, self.mapping["kinds"], self.limits))
+        if self.in_order:
+            cross_notes(rows, self.mapping)
+        return rows
+
+    def check_reference(self, results) -> None:
+        """A fresh test a submission fails is run on the reference at this seed, once: if the
+        reference fails it too, it counts for no one."""
+        if self.reference is None:
+            return
+        failed = sorted({t for r in results for t, f in r["results"].items()
+                         if f and self.mapping["kinds"].get(t) == "fresh"
+                         and t not in self.reference_fails})
+        if not failed:
+            return
+        self.start()
+        check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
+                                       reference=None, names=list(EXERCISE_OF), tests=failed,
+                                       limit=self.limits["time_s"] * 4)])
+        self.driver.sweep()
+        for t in failed:
+            self.reference_fails[t] = bool(check["results"].get(t, "did not run"))
+        bad = [t for t in failed if self.reference_fails[t]]
+        if bad:
+            print(f"course: seed {self.seed}: the reference fails {bad}; they count for no one",
+                  file=sys.stderr)
+
+    def close(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+
+
+def zero_rows(exercises, why: str) -> list:
+    return [dict(k=k, points=0.0, max=exercise_points(k), passed=0, total=0, failed={},
+                 waiting={}, per_function={}, blank=[], limit=None, error=why, notes=[])
+            for k in exercises]
+
+
+def find_student(path: str) -> tuple:
+    """(the submission's tokencredit.py, the other files beside it): a file, or a folder holding
+    one (the shallowest). Nothing in the folder chooses how it is graded."""
+    if not os.path.isdir(path):
+        return path, []
+    found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
+                   for name in names if name == "tokencredit.py")
+    if not found:
+        raise ValueError(f"{path} holds no tokencredit.py")
+    chosen = min(found, key=lambda p: (p.count(os.sep), p))
+    others = sorted(os.path.relpath(os.path.join(root, name), path)
+                    for root, _, names in os.walk(path) for name in names
+                    if os.path.join(root, name) != chosen)
+    return chosen, others

@@ -1,0 +1,605 @@
+"""The judge's side: a pytest session that never imports or runs a student's code.
+
+The tests import `tokencredit`; here that name is a proxy. Its constants come from the
+instructor's file (read as literals, not run), and each call of one of its functions goes to the
+student's process (course/child.py), which answers with values. A value that carries a gradient
+comes back as the output of an autograd Function whose backward asks the child for the gradient
+of the graph it kept. A callable the test passes (fill_batch's sample_groups) stays here and the
+child calls it back. An exception comes back as its type's name and message: a type of
+ALLOWED is raised as itself, any other as StudentError. The comparisons, the verdicts and the
+score are made here.
+
+    python -m course.judge FD      a worker: jobs come from the driver (course/grading.py) on FD
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import types
+import weakref
+
+import torch
+
+from . import protocol
+
+ALLOWED = {e.__name__: e for e in (
+    ValueError, TypeError, NotImplementedError, IndexError, KeyError, RuntimeError,
+    ZeroDivisionError, AttributeError, OverflowError, ArithmeticError, LookupError, NameError,
+    UnboundLocalError, RecursionError, FloatingPointError)}
+REPLY_LIMIT = 256 * 2 ** 20  # bytes one answer of the child may take (the output size limit)
+
+
+class StudentError(Exception):
+    """An exception of the student's code whose type the judge does not raise as itself."""
+
+
+class GraderLimit(Exception):
+    """The student's process is gone: a limit, a crash or a malformed answer. Every later call
+    of the same exercise raises it again."""
+
+
+class Session:
+    """One child: one submission and one exercise."""
+
+    def __init__(self, zygote, spec: dict, limit_s: float):
+        self.zygote, self.calls, self.dead, self.limit = zygote, 0, None, None
+        self.deadline = time.monotonic() + limit_s
+        self.test_deadline = self.deadline
+        self.returned = {}  # id: weakref of each tensor that came from the child ("got")
+        self.where, self.called = [], set()
+        self.sock, self.pid = zygote.fork(spec)
+
+    # -- the line to the child
+
+    def receive(self) -> tuple:
+        remaining = min(self.deadline, self.test_deadline) - time.monotonic()
+        if remaining <= 0:
+            self.stop("time" if time.monotonic() >= self.deadline else "test time",
+                      "it ran past the time limit")
+        self.sock.settimeout(remaining)
+        try:
+            header, blobs = protocol.receive(self.sock, REPLY_LIMIT)
+        except socket.timeout:
+            which = "time" if time.monotonic() >= self.deadline else "test time"
+            self.stop(which, "it ran past the time limit")
+        except protocol.TooLarge as error:
+            self.stop("output size", f"an answer of {error}")
+        except protocol.Malformed as error:
+            self.stop("malformed", f"it answered malformed data ({error})")
+        except (EOFError, OSError):
+            self.stop(*self.zygote.why(self.pid))
+        if header.get("op") == "limit":
+            self.stop(str(header.get("which", "memory")), "it reached the limit")
+        return header, blobs
+
+    def send(self, header, blobs=()) -> None:
+        try:
+            protocol.send(self.sock, header, blobs)
+        except OSError:
+            self.stop(*self.zygote.why(self.pid))
+
+    def stop(self, limit: str, why: str):
+        """The child is done for: kill it (and its process group), raise GraderLimit."""
+        if self.dead is None:
+            self.limit, self.dead = limit, why
+            self.kill()
+        raise GraderLimit(f"the student's process stopped: {self.dead}")
+
+    def kill(self) -> None:
+        for target in (lambda: os.killpg(self.pid, signal.SIGKILL),
+                       lambda: os.kill(self.pid, signal.SIGKILL)):
+            try:
+                target()
+            except OSError:
+                pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def load(self, job: dict) -> None:
+        self.send(dict(op="load", student=job["student"], label=job["label"],
+                       reference=job.get("reference"), names=job["names"],
+                       given=job.get("given", []), trace=job.get("trace")))
+        header, _ = self.receive()
+        if header.get("op") == "raise":
+            raise self.exception(header)
+        if header.get("op") != "loaded":
+            self.stop("malformed", "it answered malformed data")
+
+    # -- calls
+
+    def call(self, name: str, args, kwargs):
+        if self.dead:
+            raise GraderLimit(f"the student's process stopped: {self.dead}")
+        self.calls += 1
+        call_id, callables = self.calls, []
+        self.called.add(name)
+        value, table, blobs, sent = protocol.encode([list(args), kwargs], callables)
+        self.send(dict(op="call", id=call_id, name=name, args=value["v"][0],
+                       kwargs=value["v"][1], tensors=table), blobs)
+        while True:
+            header, blobs = self.receive()
+            op = header.get("op")
+            if op == "callback":
+                self.answer_callback(header, blobs, callables)
+                continue
+            if op == "raise":
+                raise self.exception(header)
+            if op != "return":
+                self.stop("malformed", f"it answered {str(op)[:30]!r} to a call")
+            try:
+                return self.returned_value(header, blobs, sent, call_id)
+            except protocol.Malformed as error:
+                self.stop("malformed", f"it answered malformed data ({error})")
+
+    def returned_value(self, header, blobs, sent, call_id):
+        tensors = protocol.decode_tensors(header.get("tensors", []), blobs)
+        for i, blob in header.get("mutated", []):  # the student changed an input in place
+            if not (0 <= i < len(sent) and 0 <= blob < len(blobs)):
+                raise protocol.Malformed("a changed input that was not sent")
+            changed = protocol.decode_tensors([dict(dtype=str(sent[i].dtype)[6:],
+                                                    shape=list(sent[i].shape), blob=0)],
+                                              [blobs[blob]])[0]
+            with torch.no_grad():
+                sent[i].copy_(changed)
+        self.called.update(n for n in header.get("called", []) if isinstance(n, str))
+        outs = [i for i, t in enumerate(tensors) if t.requires_grad]
+        ins = [t for t in sent if t.requires_grad]
+        plain = [t.detach() for t in tensors]
+        if outs and ins:
+            linked = Remote.apply(Link(self, call_id, [plain[i] for i in outs]), *ins)
+            linked = linked if isinstance(linked, tuple) else (linked,)
+            for i, t in zip(outs, linked):
+                plain[i] = t
+        elif outs:
+            for i in outs:
+                plain[i] = plain[i].requires_grad_()
+        for t in plain:
+            self.returned[id(t)] = weakref.ref(t)
+        return protocol.decode(header["value"], plain)
+
+    def answer_callback(self, header, blobs, callables) -> None:
+        try:
+            tensors = protocol.decode_tensors(header.get("tensors", []), blobs)
+            args, kwargs = protocol.decode(header["args"], tensors)
+            function = callables[int(header["i"])]
+        except (protocol.Malformed, KeyError, IndexError, TypeError, ValueError) as error:
+            self.stop("malformed", f"it answered malformed data ({error})")
+        try:
+            out = function(*args, **kwargs)
+            value, table, out_blobs, _ = protocol.encode(out)
+            self.send(dict(op="callback_return", value=value, tensors=table), out_blobs)
+        except Exception as error:  # noqa: BLE001 -- the test's callable failed: tell the child
+            self.send(dict(op="callback_raise", type=type(error).__name__, message=str(error)))
+
+    def backward(self, call_id, grad_outputs, n_inputs):
+        if self.dead:
+            raise GraderLimit(f"the student's process stopped: {self.dead}")
+        given = [g for g in grad_outputs if g is not None]
+        index, k = [], 0
+        for g in grad_outputs:
+            index.append(k if g is not None else None)
+            k += g is not None
+        value, table, blobs, _ = protocol.encode(given)
+        self.send(dict(op="backward", id=call_id, grads=index, tensors=table), blobs)
+        header, blobs = self.receive()
+        if header.get("op") == "raise":
+            raise self.exception(header)
+        try:
+            grads = protocol.decode(header["value"], protocol.decode_tensors(header["tensors"],
+                                                                             blobs))
+        except (protocol.Malformed, KeyError) as error:
+            self.stop("malformed", f"it answered malformed data ({error})")
+        if not isinstance(grads, list) or len(grads) != n_inputs:
+            self.stop("malformed", "it answered the wrong number of gradients")
+        return [g.detach() if isinstance(g, torch.Tensor) else None for g in grads]
+
+    def exception(self, header: dict) -> Exception:
+        kind = ALLOWED.get(header.get("type"), None)
+        message = str(header.get("message", ""))
+        self.where = [w for w in header.get("where", []) if isinstance(w, list) and len(w) == 4]
+        error = kind(message) if kind else StudentError(f"{header.get('type')}: {message}")
+        error.student_where = self.where
+        return error
+
+
+class Link:
+    """What Remote needs to find its call in the child again."""
+
+    def __init__(self, session, call_id, outputs):
+        self.session, self.call_id, self.outputs = session, call_id, outputs
+
+
+class Remote(torch.autograd.Function):
+    """The child's outputs as a function of the inputs that require grad: backward sends
+    grad_output to the child, which differentiates the graph it kept for this call."""
+
+    @staticmethod
+    def forward(ctx, link, *inputs):
+        ctx.link, ctx.n = link, len(inputs)
+        return tuple(o.clone() for o in link.outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = ctx.link.session.backward(ctx.link.call_id, grad_outputs, ctx.n)
+        return (None, *grads)
+
+
+class Function:
+    """tokencredit.NAME on the judge's side."""
+
+    def __init__(self, module, name):
+        self.module, self.__name__ = module, name
+
+    def __call__(self, *args, **kwargs):
+        session = self.module._session
+        if session is None:
+            raise RuntimeError("no submission is being graded")
+        return session.call(self.__name__, args, kwargs)
+
+
+def proxy(constants: dict, functions) -> types.ModuleType:
+    module = types.ModuleType("tokencredit", "the student's tokencredit, answered by its process")
+    module._session = None
+    for name, value in constants.items():
+        setattr(module, name, tuple(value) if isinstance(value, list) else value)
+    for name in functions:
+        setattr(module, name, Function(module, name))
+    return module
+
+
+# -----------------------------------------------------------------------------
+# the zygote: a warm parent with torch loaded, started before any submission
+
+class Zygote:
+    def __init__(self, private: str):
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.dir = tempfile.mkdtemp(prefix="zygote-", dir=private)
+        for name in ("child.py", "protocol.py"):  # its own copy: no path back to this folder
+            shutil.copy(os.path.join(here, name), self.dir)
+        self.start()
+
+    def start(self) -> None:
+        import subprocess
+        ours, theirs = socket.socketpair()
+        env = dict(PATH=os.environ.get("PATH", "/usr/bin:/bin"), OMP_NUM_THREADS="1",
+                   MKL_NUM_THREADS="1", LANG="C.UTF-8", HOME=self.dir)
+        self.process = subprocess.Popen(
+            [sys.executable, "-E", "-s", os.path.join(self.dir, "child.py"), str(theirs.fileno())], pass_fds=[theirs.fileno()], cwd=self.dir, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        theirs.close()
+        self.control, self.buffer, self.exits = ours, b"", {}
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def lines(self, timeout: float):
+        self.control.settimeout(timeout)
+        try:
+            data = self.control.recv(1 << 16)
+        except socket.timeout:
+            return []
+        if not data:
+            raise EOFError("the zygote is gone")
+        self.buffer += data
+        *done, self.buffer = self.buffer.split(b"\n")
+        out = []
+        for line in done:
+            message = json.loads(line)
+            if "exit" in message:
+                self.exits[message["exit"]] = message["status"]
+            else:
+                out.append(message)
+        return out
+
+    def fork(self, spec: dict):
+        ours, theirs = socket.socketpair()
+        try:
+            socket.send_fds(self.control, [json.dumps(spec).encode()], [theirs.fileno()])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for message in self.lines(1.0):
+                    if "pid" in message:
+                        return ours, message["pid"]
+        except (OSError, EOFError):
+            pass
+        finally:
+            theirs.close()
+        raise RuntimeError("the zygote did not fork a child")
+
+    def why(self, pid: int) -> tuple:
+        """(limit, why) for a child that closed its line: from its exit status."""
+        deadline = time.monotonic() + 2
+        while pid not in self.exits and time.monotonic() < deadline:
+            try:
+                self.lines(0.1)
+            except (OSError, EOFError):
+                break
+        status = self.exits.pop(pid, None)
+        if status is None:
+            return "died", "it closed its line to the grader"
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            named = {signal.SIGXFSZ: ("file size", "it wrote past the file size limit"),
+                     signal.SIGXCPU: ("cpu time", "it ran past the CPU time limit"),
+                     signal.SIGKILL: ("died", "it was killed (SIGKILL)")}
+            return named.get(number, ("died", f"it died of signal {signal.Signals(number).name}"))
+        return "died", f"it exited (status {os.WEXITSTATUS(status)}) in the middle of a test"
+
+    def close(self) -> None:
+        try:
+            self.control.close()
+            self.process.kill()
+            self.process.wait()
+        except OSError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -----------------------------------------------------------------------------
+# the worker: one pytest session, collected once; jobs from the driver, one child each
+
+def first_difference(a, b, got_first: bool) -> str:
+    """Where two tensors first differ, expected against got."""
+    try:
+        a_, b_ = torch.as_tensor(a), torch.as_tensor(b)
+        if a_.shape != b_.shape:
+            got, want = (a_, b_) if got_first else (b_, a_)
+            return f"shapes differ: got {tuple(got.shape)}, expected {tuple(want.shape)}"
+        a64, b64 = a_.detach().double(), b_.detach().double()
+        close = torch.isclose(a64, b64, equal_nan=True) if a64.is_floating_point() else a64 == b64
+        bad = (~close).nonzero()
+        if not len(bad):
+            return f"dtypes differ: {a_.dtype} and {b_.dtype}" if a_.dtype != b_.dtype else ""
+        at = tuple(bad[0].tolist())
+        got, want = (a64, b64) if got_first else (b64, a64)
+        return (f"first difference at index {at}: got {got[at].item():.6g}, expected "
+                f"{want[at].item():.6g} ({len(bad)} of {a64.numel()} elements differ)")
+    except Exception:  # noqa: BLE001 -- a note, never a failure of its own
+        return ""
+
+
+class Worker:
+    """pytest plugin: takes over the run loop and grades the driver's jobs."""
+
+    def __init__(self, channel, config):
+        self.channel, self.config = channel, config
+        self.module = proxy(config["constants"], config["functions"])
+        self.session, self.diff, self.snapshots, self.counts = None, [], {}, {}
+        self.current = None
+        self.zygote = Zygote(config["private"])
+        self.patch_comparisons()
+
+    def patch_comparisons(self) -> None:
+        """torch.allclose and torch.equal here note where they first differ (values unchanged)."""
+        worker = self
+
+        def noted(original):
+            def compare(a, b, *args, **kwargs):
+                result = original(a, b, *args, **kwargs)
+                if not result and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                    session = worker.session
+                    def came(x):
+                        ref = session.returned.get(id(x)) if session else None
+                        return ref is not None and ref() is x
+                    got_first = session is None or came(a) or not came(b)
+                    note = first_difference(a, b, got_first)
+                    if note:
+                        worker.diff.append(f"{original.__name__}: {note}")
+                return result
+            compare.__name__ = original.__name__
+            return compare
+        torch.allclose = noted(torch.allclose)
+        torch.equal = noted(torch.equal)
+
+    def pytest_collection_modifyitems(self, session, config, items):
+        self.items = {item.nodeid.split("::", 1)[1]: item for item in items}
+
+    def pytest_runtestloop(self, session):
+        import _pytest.runner
+        if session.testsfailed:  # a collection error: say it and stop
+            send_line(self.channel, dict(ready=False, error="the tests do not collect"))
+            return True
+        send_line(self.channel, dict(ready=True, tests=sorted(self.items)))
+        for job in read_lines(self.channel):
+            if job.get("quit"):
+                break
+            # each job in a fork of this process, so that what a test leaves in its module (a
+            # sampler's consumed iterator) is gone with it: every job sees the tests as collected
+            if not self.zygote.alive():  # a student's process may have killed it
+                self.zygote.process.wait()
+                self.zygote.start()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                torch.set_num_threads(1)
+                try:
+                    send_line(self.channel, self.run_job(job, _pytest.runner))
+                    code = 0
+                except BaseException:  # noqa: B902 -- the grader's own bug: the parent says it
+                    import traceback
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                send_line(self.channel, dict(
+                    id=job["id"], results={}, error=None, limit="died", calls={},
+                    snapshots={}, stopped=f"the grader's judge failed (status {status})"))
+        self.zygote.close()
+        return True
+
+    def spec(self, job) -> dict:
+        base = tempfile.mkdtemp(prefix="jail-", dir=self.config["private"])
+        work = os.path.join(base, "work")
+        os.makedirs(work)
+        user = self.config.get("user")
+        if user:
+            os.chmod(base, 0o755)
+            os.chown(work, user[0], user[1])
+        os.chmod(work, 0o700)
+        self.jails.append(base)
+        return dict(jail=base if self.config.get("jail") else None, work=work,
+                    uid=user[0] if user else None, gid=user[1] if user else None,
+                    limits=self.config["limits"])
+
+    def run_job(self, job: dict, runner) -> dict:
+        self.jails, results, error = [], {}, None
+        limits = self.config["limits"]
+        test_limit = float(job.get("test_limit", limits["test_s"]))
+        session = None
+        self.called = {}
+        try:
+            session = Session(self.zygote, self.spec(job), float(job["limit"]))
+            self.module._session = self.session = session
+            session.load(job)
+        except GraderLimit as stopped:
+            error = str(stopped)
+        except Exception as raised:  # noqa: BLE001 -- the module did not load: every test fails
+            where = "".join(f"\n  {w[0]}:{w[1]} in {w[2]}: {w[3]}"
+                            for w in getattr(raised, "student_where", []))
+            error = f"{type(raised).__name__}: {raised}{where}"
+        if error is None:
+            record = job.get("record")
+            for name in job["tests"]:
+                item = self.items.get(name)
+                if item is None:
+                    results[name] = "this test is not in the grader's tests"
+                    continue
+                if session.dead:
+                    results[name] = f"not run: the student's process stopped: {session.dead}"
+                    continue
+                if record:
+                    self.record(item)
+                self.current, self.diff, session.where, session.called = name, [], [], set()
+                for module in [m for n, m in sys.modules.items() if n.startswith("test_")]:
+                    counts = getattr(getattr(module, "_snapshot", None), "counts", None)
+                    if isinstance(counts, dict):
+                        counts.clear()
+                session.test_deadline = time.monotonic() + test_limit
+                reports = runner.runtestprotocol(item, nextitem=None, log=False)
+                failed = [r for r in reports if r.failed]
+                results[name] = self.failure(failed[0], session) if failed else None
+                self.called[name] = sorted(session.called)
+        if session is not None:
+            session.kill()
+        self.module._session = self.session = None
+        for base in self.jails:
+            shutil.rmtree(base, ignore_errors=True)
+        return dict(id=job["id"], results=results, error=error,
+                    limit=session.limit if session else None,
+                    stopped=session.dead if session else None,
+                    calls=self.called if job.get("trace") else {},
+                    snapshots=self.snapshots if job.get("record") else {})
+
+    def failure(self, report, session) -> str:
+        """The failure as the report shows it: the test's line, the exception in full, where in
+        the student's file it was raised, and the first differing values."""
+        text = report.longreprtext or "failed"
+        lines = text.rstrip().splitlines()
+        here = os.path.dirname(os.path.abspath(__file__))
+        frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')
+                  and not ln.startswith(f'  File "{here}')
+                  and "/_pytest/" not in ln and "/torch/" not in ln]
+        out = []
+        if frames:
+            found = re.match(r'  File "(.*)", line (\d+), in (.*)', lines[frames[-1]])
+            if found:
+                out.append(f"{os.path.basename(found.group(1))}:{found.group(2)} "
+                           f"({found.group(3)})")
+            out += [ln.rstrip() for ln in lines[frames[-1] + 1:]
+                    if ln.strip() and not ln.startswith(("  File", "    ", "Traceback",
+                                                         "During handling", "The above"))
+                    and not re.search(r"<(built-in method|function) \S+ (of|at) ", ln)]
+        else:
+            out += [ln.rstrip() for ln in lines[-8:]]
+        first = next((i for i, ln in enumerate(out) if re.match(r"\w+(Error|Exception|Limit)\b", ln)),
+                     len(out) - 1)
+        out[first + 1:first + 1] = self.diff[:2]  # the first differing values, before the rest
+        for w in session.where:  # the student's lines; the reference's by function only
+            out.append(f"raised at {w[0]}:{w[1]} in {w[2]}: {w[3].strip()}"
+                       if w[0] != "reference.py" else f"called from the reference's {w[2]}")
+        return "\n".join(out)
+
+    def record(self, item) -> None:
+        """Wrap the test module's ref_* loops to record what each returns (a handout's
+        snapshots)."""
+        for module in [m for n, m in list(sys.modules.items()) if n.startswith("test_")]:
+            for name in [n for n in vars(module) if n.startswith("ref_")]:
+                if not getattr(getattr(module, name), "_recorded", False):
+                    setattr(module, name, self.recorder(name, getattr(module, name)))
+
+    def recorder(self, name, loop):
+        from .source import snapshot_value
+
+        def recorded(*args, **kwargs):
+            out = loop(*args, **kwargs)
+            count = self.counts.get((self.current, name), 0)
+            self.counts[(self.current, name)] = count + 1
+            grads = {}
+            if isinstance(out, torch.Tensor) and out.requires_grad and out.numel() == 1:
+                given = [(str(i), x) for i, x in enumerate(args)] + list(kwargs.items())
+                given = [(key, x) for key, x in given
+                         if isinstance(x, torch.Tensor) and x.requires_grad]
+                found = torch.autograd.grad(out, [x for _, x in given], retain_graph=True,
+                                            allow_unused=True)
+                grads = {key: snapshot_value(g) for (key, _), g in zip(given, found)
+                         if g is not None}
+            self.snapshots[f"{self.current}::{name}::{count}"] = dict(
+                value=snapshot_value(out), grads=grads)
+            return out
+        recorded._recorded = True
+        return recorded
+
+
+def send_line(channel, message: dict) -> None:
+    channel.sendall(json.dumps(message).encode() + b"\n")
+
+
+def read_lines(channel):
+    buffer = b""
+    while True:
+        data = channel.recv(1 << 20)
+        if not data:
+            return
+        buffer += data
+        *done, buffer = buffer.split(b"\n")
+        for line in done:
+            yield json.loads(line)
+
+
+def main(fd: int) -> None:
+    """A worker: read the config, check the tests' hashes, collect once, serve jobs."""
+    import hashlib
+    import pytest
+    channel = socket.socket(fileno=fd)
+    lines = read_lines(channel)
+    config = next(lines)
+    os.chdir(config["private"])
+    torch.set_num_threads(1)
+    for name, digest in config["hashes"].items():
+        with open(os.path.join(config["tests_dir"], name), "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != digest:
+                send_line(channel, dict(ready=False, error=f"{name} changed since it was read"))
+                return
+    os.environ["TOKENCREDIT_SEED"] = str(config["seed"])
+    worker = Worker(channel, config)
+    sys.modules["tokencredit"] = worker.module
+    sys.path.insert(0, config["tests_dir"])
+    sys.dont_write_bytecode = True
+    pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir",
+                 config["tests_dir"], "-o", "addopts=", "--tb=native", "-o",
+                 "python_files=test_*.py", "--noconftest"]
+                + [os.path.join(config["tests_dir"], n) for n in config["files"]],
+                plugins=[worker])
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,83 @@
+"""What a grade says: one line per exercise, the failing tests with the student's file and line,
+and Gradescope's results.json. The same rows make all three."""
+
+from .exercises import EXERCISES
+from .grading import blocker
+
+SHOWN = 12  # failing tests listed per exercise
+
+
+def notes(row: dict) -> list:
+    out = []
+    if row["blank"]:
+        out.append("not written yet: " + ", ".join(row["blank"]))
+    if row.get("error"):
+        out.append(row["error"].splitlines()[0][:200])
+    if row["waiting"]:
+        n = len(row["waiting"])
+        out.append(f"{n} more test{'s' * (n > 1)} wait{'s' * (n == 1)} on exercise "
+                   + ", ".join(map(str, sorted(set(row["waiting"].values())))))
+    come = row.get("may_come_from", {})
+    if come:
+        js = sorted({j for v in come.values() for j in v})
+        out.append(f"{len(come)} failing test{'s' * (len(come) > 1)} may come from exercise "
+                   + ", ".join(map(str, js)) + f"; the official grade grades {row['k']} alone")
+    return out + row["notes"]
+
+
+def failures(row: dict) -> list:
+    """The failing tests worth reading: not those of a function not written yet."""
+    k = row["k"]
+    return [(t, f) for t, f in row["failed"].items() if not (row["blank"] and blocker(f) == k)]
+
+
+def details(row: dict, shown=SHOWN) -> list:
+    lines = []
+    if len(row["per_function"]) > 1 or row["failed"]:
+        lines.append("    " + ", ".join(f"{n} {p}/{t} tests {got:g}/{share:g} points"
+                                        for n, (p, t, got, share) in row["per_function"].items()))
+    listed = failures(row)
+    for test, failure in listed[:shown]:
+        lines.append(f"    FAILED {test}")
+        lines += [f"        {ln[:400]}" for ln in failure.splitlines()[:14]]
+        if test in row.get("may_come_from", {}):
+            js = ", ".join(map(str, row["may_come_from"][test]))
+            lines.append(f"        may come from exercise {js}; the official grade grades "
+                         f"{row['k']} alone")
+    if len(listed) > shown:
+        lines.append(f"    ... and {len(listed) - shown} more failed tests")
+    for test, j in list(row["waiting"].items())[:shown]:
+        lines.append(f"    {test}: waiting on exercise {j}")
+    return lines
+
+
+def format_rows(rows: list, verbose: bool) -> str:
+    lines = []
+    for row in rows:
+        said = notes(row)
+        lines.append(f"exercise {row['k']}  {EXERCISES[row['k']][0]:<20} "
+                     f"{row['passed']:3d}/{row['total']:<3d} tests {row['points']:5.1f}/"
+                     f"{row['max']:g} points" + ("  " + "; ".join(said) if said else ""))
+        if verbose:
+            lines += details(row)
+    total, top = sum(r["points"] for r in rows), sum(r["max"] for r in rows)
+    lines.append(f"total {total:.1f}/{top:g} points")
+    return "\n".join(lines)
+
+
+def flag_lines(flags: list) -> list:
+    return [f"FLAGGED for the instructor: {flag}" for flag in flags]
+
+
+def gradescope(rows: list, flags=()) -> dict:
+    """Gradescope's results.json: one entry per exercise."""
+    tests = []
+    for row in rows:
+        output = [f"{row['passed']}/{row['total']} tests passed"] + notes(row) + details(row)
+        tests.append(dict(name=f"exercise {row['k']}: {EXERCISES[row['k']][0]}",
+                          score=row["points"], max_score=row["max"], visibility="visible",
+                          output="\n".join(output)))
+    out = dict(score=round(sum(t["score"] for t in tests), 2), tests=tests)
+    if flags:
+        out["output"] = "\n".join(flag_lines(flags))
+    return out
