@@ -237,6 +237,7 @@ class Function:
 
     def __init__(self, module, name):
         self.module, self.__name__ = module, name
+        self.__module__ = module.__name__  # "tokencredit", as the tests ask of a public function
 
     def __call__(self, *args, **kwargs):
         session = self.module._session

@@ -134,7 +134,8 @@ def plot_sweep(rows: list, path: str) -> None:
     """One panel per measure: x the strength, each seed's difference from strength 0 as a dot,
     the mean with its 95 % interval as a line with bars, tau = 0 and tau > 0 side by side."""
     plt = lab.pyplot()
-    ws = min(r["warmup_seed"] for r in rows)
+    seeds_of = [r["warmup_seed"] for r in rows]
+    ws = max(set(seeds_of), key=seeds_of.count)  # the warm-up swept over most strengths
     strengths = sorted({r["strength"] for r in rows if r["warmup_seed"] == ws})
     taus = sorted({r["tau"] for r in rows if r["warmup_seed"] == ws})
     colours = ("tab:blue", "tab:orange", "tab:green")
@@ -164,7 +165,8 @@ def plot_sweep(rows: list, path: str) -> None:
                        "and bars: the mean over seeds\nand its 95 % t-interval. Above 0:\nhigher "
                        "than GRPO.", fontsize=11, va="center")
     fig.suptitle(f"CSCR's strength, seed by seed against GRPO (warm-up seed {ws}, "
-                 f"{len(rows[0]['seeds'])} seeds)", fontsize=12)
+                 f"{len(next(r for r in rows if r['warmup_seed'] == ws)['seeds'])} seeds)",
+                 fontsize=12)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=90)

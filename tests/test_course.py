@@ -464,6 +464,8 @@ def test_plants_writes_one_submission_per_plant_named_by_its_exercise(tmp_path):
         assert f"-ex{k}-" in path.name and path.read_text() == source.apply_edits(REFERENCE, edits)
 
 
+@pytest.mark.skipif(not os.environ.get("COURSE_RESOLVE"), reason="asks the package index for "
+                    "minutes; run with COURSE_RESOLVE=1")
 def test_setup_resolves_on_python_3_10(tmp_path):
     """setup.sh's packages resolve for Gradescope's Ubuntu 22.04 (Python 3.10)."""
     from course.bundle import REQUIREMENTS, TORCH
