@@ -15,7 +15,7 @@ from .source import blank, code_part, functions, kept_statements, snapshot_tests
 # what a handout holds: not the other solutions, nor the pages that quote the code
 HANDOUT = ("tokencredit.py", TESTS, HIDDEN, "tests/conftest.py", "train_tiny.py", "tiny_task.py",
            "lab", "requirements.txt", "LICENSE", "docs/course.md", "docs/lab.md",
-           "docs/credit.png", "results")
+           "docs/credit.png", "docs/cscr-sweep.png", "results")
 COURSE_FILES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
                 "grading.py", "report.py", "flags.py", "bundle.py", "handout.py")
 LEFT_OUT = ("onestep.md", "tests/test_translation.py", "trl_bridge", "test_trl_tokencredit.py",
