@@ -604,6 +604,10 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         weights = inputs.get("tc_weights")  # CSCR's, fixed at generation
         if c.token_weights_fn is not None:
             more = c.token_weights_fn(inputs, logp.detach(), entropies.detach(), mask)  # (N, T)
+            if not (isinstance(more, torch.Tensor) and more.shape == mask.shape
+                    and bool(torch.isfinite(more).all()) and bool((more >= 0).all())):
+                raise ValueError(f"token_weights_fn must return finite weights >= 0 of shape "
+                                 f"{tuple(mask.shape)} (N, T), got {getattr(more, 'shape', more)}")
             weights = more if weights is None else weights * more
         if weights is not None:
             advantages = advantages[:, None] * weights  # (N, T): A_{i,t} = A_i w_{i,t}
