@@ -81,8 +81,7 @@ def test_worked_examples_match_the_code():
 def test_code_is_named_never_linked_by_line():
     """No page links into the code by line number (every edit above a link would break it), and
     every function the README's map names is a function of tokencredit.py."""
-    pages = ["README.md"] + [os.path.join("docs", page)
-                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    pages = doc_pages()
     for page in pages:
         text = open(os.path.join(HERE, page)).read()
         assert not re.findall(r"\.py#L\d+", text), f"{page} links to a line number"
@@ -91,6 +90,12 @@ def test_code_is_named_never_linked_by_line():
     named = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)(?:\(|`)", row.split(" | ")[-1])}
     assert len(named) >= 15 and all(callable(getattr(tc, name, None)) for name in named), \
         sorted(name for name in named if not callable(getattr(tc, name, None)))
+
+
+def doc_pages() -> list:
+    """README.md and every page of docs/, as paths from the project root."""
+    return ["README.md"] + [os.path.join("docs", page)
+                            for page in sorted(os.listdir(os.path.join(HERE, "docs"))) if page.endswith(".md")]
 
 
 def tables(text: str) -> list:
@@ -111,8 +116,7 @@ def test_result_tables_are_what_the_report_prints(capsys):
     out = capsys.readouterr().out
     printed = tables(out)
     headers = {table[0] for table in printed}
-    pages = ["README.md"] + [os.path.join("docs", page)
-                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    pages = doc_pages()
     checked = 0
     for page in pages:
         for table in tables(open(os.path.join(HERE, page)).read()):
@@ -134,8 +138,7 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
     """Every `python -m lab compare ...` command quoted in README.md or docs/ is run on the
     committed results; every paired table of those pages, and every line of theirs that starts
     like a paired table's title, is what one of those commands prints."""
-    pages = ["README.md"] + [os.path.join("docs", page)
-                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    pages = doc_pages()
     texts = [open(os.path.join(HERE, page)).read() for page in pages]
     commands = {c.strip() for text in texts for c in re.findall(
         r"python -m lab compare ((?:results/\S+\.json(?::\w+)? ?)+(?:--primary)?)", text)}
@@ -158,8 +161,7 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
 def test_cscr_tables_are_what_lab_sweep_prints(capsys):
     """Every CSCR sweep or claim-4 table of README.md and docs/ is what `python -m lab sweep`
     prints from the committed runs and diagnoses (the command the pages quote, globs and all)."""
-    pages = ["README.md"] + [os.path.join("docs", page)
-                             for page in os.listdir(os.path.join(HERE, "docs")) if page.endswith(".md")]
+    pages = doc_pages()
     texts = [open(os.path.join(HERE, page)).read() for page in pages]
     commands = {c.strip() for text in texts for c in re.findall(
         r"python -m lab sweep ((?:results/[\w./*-]+ ?)+)", text)}
