@@ -172,8 +172,32 @@ def dynamic_sampling(plt) -> str:
             f"{sum(informative[-10:]) / sum(seen[-10:]):.2f}")
 
 
+def kl_k3_curve(plt) -> str:
+    """e. GRPO's k3 KL estimate of one token against log r, beside the plain log-ratio."""
+    log_r = torch.linspace(-2, 2, 201)
+    k3 = tc.kl_k3(torch.zeros(1, len(log_r)), log_r[None])[0]  # logp 0, ref_logp log r
+    fig, ax = plt.subplots(figsize=(10, 5.6))
+    ax.plot(log_r.tolist(), k3.tolist(), linewidth=2.5, label="k3 = r - log r - 1 (kl_k3)")
+    ax.plot(log_r.tolist(), (-log_r).tolist(), linewidth=2, linestyle="--",
+            label="-log r, the plain log-ratio")
+    marks = tc.kl_k3(torch.zeros(1, 2), torch.tensor([[-0.5, 0.5]]))[0]
+    ax.plot([-0.5, 0.5], marks.tolist(), "o", color="black", markersize=8)
+    for x, v in zip((-0.5, 0.5), marks.tolist()):
+        ax.annotate(f"{v:.4f}", (x, v), xytext=(0, 12), textcoords="offset points",
+                    ha="center", fontsize=12)
+    ax.axhline(0, color="black", linewidth=1)
+    ax.axvline(0, color="black", linewidth=1)
+    ax.set_xlabel("log r = log pi_ref(o_t) - log pi(o_t)")
+    ax.set_ylabel("KL estimate of one sampled token")
+    ax.set_title("GRPO's KL penalty per token, k3: never below 0, not symmetric in log r")
+    ax.legend(loc="upper center")
+    ax.grid(alpha=0.3)
+    return f"k3 at log r = -0.5: {marks[0]:.4f}, at +0.5: {marks[1]:.4f}"
+
+
 FIGURES = {"sample-token-weights.svg": sample_token_weights, "paired-effect.svg": paired_effect,
-           "cscr-weights.svg": cscr_answer_weights, "dynamic-sampling.svg": dynamic_sampling}
+           "cscr-weights.svg": cscr_answer_weights, "dynamic-sampling.svg": dynamic_sampling,
+           "kl-k3.svg": kl_k3_curve}
 
 
 def write_figures(out_dir: str) -> dict:
