@@ -10,6 +10,7 @@ import math
 import os
 import re
 
+import matplotlib
 import pytest
 
 import tiny_task
@@ -41,7 +42,8 @@ def test_committed_figures_are_what_the_command_draws_now(drawn):
     for name in FIGURES:
         with open(out / name, "rb") as new, open(os.path.join(DOCS, "lecture", name), "rb") as old:
             assert new.read() == old.read(), (
-                f"docs/lecture/{name} is not what the results give now: run "
+                f"docs/lecture/{name} is not what the results give now (matplotlib "
+                f"{matplotlib.__version__}; they were drawn with 3.11.2): run "
                 "python -m course lecture-figures docs/lecture and commit it")
 
 
