@@ -8,6 +8,7 @@
   python -m course plants DIR                             selfcheck's plants as a class to grade
   python -m course answers [FILE]                         the sheet's answers, for the instructor
   python -m course selfcheck                              the grader's own checks (CI runs it)
+  python -m course lecture-figures [DIR]                  docs/lecture.md's figures, from results/
 
 The sheet is docs/course.md. The student's code computes and the grader judges: each exercise of
 a submission runs in a process of its own (course/child.py: its own folder, HOME, limits, and,
@@ -247,6 +248,9 @@ def main(argv=None) -> None:
     answers.add_argument("file", nargs="?", help="write them here (default: print them)")
     commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
                         "handouts")
+    figures = commands.add_parser("lecture-figures", help="draw docs/lecture.md's figures from "
+                                  "results/ (SVG, the same bytes each time)")
+    figures.add_argument("dir", nargs="?", default=os.path.join(ROOT, "docs", "lecture"))
     args = parser.parse_args(argv)
     if args.command == "handout":
         from .handout import cmd_handout
@@ -268,6 +272,9 @@ def main(argv=None) -> None:
     elif args.command == "answers":
         from .handout import cmd_answers
         cmd_answers(args.file)
+    elif args.command == "lecture-figures":
+        from .lecture import cmd_lecture_figures
+        cmd_lecture_figures(args.dir)
     else:
         from .selfcheck import cmd_selfcheck
         cmd_selfcheck()
