@@ -8,6 +8,7 @@
   python -m course plants DIR                             selfcheck's plants as a class to grade
   python -m course answers [FILE]                         the sheet's answers, for the instructor
   python -m course selfcheck                              the grader's own checks (CI runs it)
+  python -m course notebook                               course/notebook.ipynb from its script
 
 The sheet is docs/course.md. The student's code computes and the grader judges: each exercise of
 a submission runs in a process of its own (course/child.py: its own folder, HOME, limits, and,
@@ -247,6 +248,7 @@ def main(argv=None) -> None:
     answers.add_argument("file", nargs="?", help="write them here (default: print them)")
     commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
                         "handouts")
+    commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py")
     args = parser.parse_args(argv)
     if args.command == "handout":
         from .handout import cmd_handout
@@ -268,6 +270,9 @@ def main(argv=None) -> None:
     elif args.command == "answers":
         from .handout import cmd_answers
         cmd_answers(args.file)
+    elif args.command == "notebook":
+        from .ipynb import cmd_notebook  # not in a handout: the notebook writes the handout
+        cmd_notebook()
     else:
         from .selfcheck import cmd_selfcheck
         cmd_selfcheck()
