@@ -271,7 +271,9 @@ def main(argv=None) -> None:
         from .handout import cmd_answers
         cmd_answers(args.file)
     elif args.command == "notebook":
-        from .ipynb import cmd_notebook  # not in a handout: the notebook writes the handout
+        if not os.path.exists(os.path.join(ROOT, "course", "ipynb.py")):
+            raise SystemExit("course: a handout has no notebook; run this in the repository")
+        from .ipynb import cmd_notebook
         cmd_notebook()
     else:
         from .selfcheck import cmd_selfcheck
