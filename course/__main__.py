@@ -9,6 +9,7 @@
   python -m course answers [FILE]                         the sheet's answers, for the instructor
   python -m course selfcheck                              the grader's own checks (CI runs it)
   python -m course lecture-figures [DIR]                  docs/lecture.md's figures, from results/
+  python -m course notebook                               course/notebook.ipynb from its script
 
 The sheet is docs/course.md. The student's code computes and the grader judges: each exercise of
 a submission runs in a process of its own (course/child.py: its own folder, HOME, limits, and,
@@ -251,6 +252,7 @@ def main(argv=None) -> None:
     figures = commands.add_parser("lecture-figures", help="draw docs/lecture.md's figures from "
                                   "results/ (SVG, the same bytes each time)")
     figures.add_argument("dir", nargs="?", default=os.path.join(ROOT, "docs", "lecture"))
+    commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py")
     args = parser.parse_args(argv)
     if args.command == "handout":
         from .handout import cmd_handout
@@ -272,9 +274,15 @@ def main(argv=None) -> None:
     elif args.command == "answers":
         from .handout import cmd_answers
         cmd_answers(args.file)
-    elif args.command == "lecture-figures":
-        from .lecture import cmd_lecture_figures
-        cmd_lecture_figures(args.dir)
+    elif args.command in ("lecture-figures", "notebook"):
+        if not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
+            raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
+        if args.command == "notebook":
+            from .ipynb import cmd_notebook
+            cmd_notebook()
+        else:
+            from .lecture import cmd_lecture_figures
+            cmd_lecture_figures(args.dir)
     else:
         from .selfcheck import cmd_selfcheck
         cmd_selfcheck()

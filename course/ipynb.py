@@ -1,0 +1,67 @@
+"""A notebook from a plain script in jupytext's "percent" format, with the standard library only.
+
+A `# %%` line starts a code cell and a `# %% [markdown]` line a markdown cell, whose lines are
+comments ("# text" gives "text", "#" an empty line). Blank lines around a cell are dropped. The
+.ipynb (nbformat 4.4) carries no output, no execution count and sorted keys, so the same script
+always gives the same bytes:
+
+    python -m course notebook      # course/notebook.py -> course/notebook.ipynb
+"""
+
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT, NOTEBOOK = os.path.join(HERE, "notebook.py"), os.path.join(HERE, "notebook.ipynb")
+KINDS = {"# %%": "code", "# %% [markdown]": "markdown"}
+METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"}}
+
+
+def cells(script: str) -> list:
+    """[(kind, lines)] of a percent script, each cell's lines without the blank ones around it."""
+    found = []
+    for n, line in enumerate(script.splitlines(), 1):
+        if line.startswith("# %%"):
+            if line.rstrip() not in KINDS:
+                raise ValueError(f"line {n}: expected '# %%' or '# %% [markdown]', got {line!r}")
+            found.append((KINDS[line.rstrip()], []))
+        elif found:
+            found[-1][1].append(line)
+        elif line.strip():
+            raise ValueError(f"line {n}: expected the script to start with a '# %%' line, got "
+                             f"{line!r}")
+    out = []
+    for kind, lines in found:
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        while lines and not lines[-1].strip():
+            lines.pop()
+        if kind == "markdown":
+            for line in lines:
+                if not (line == "#" or line.startswith("# ")):
+                    raise ValueError(f"a markdown cell's lines are '# text' or '#', got {line!r}")
+            lines = [line[2:] for line in lines]
+        out.append((kind, lines))
+    return out
+
+
+def notebook(script: str) -> str:
+    """The .ipynb text of a percent script."""
+    nb_cells = []
+    for kind, lines in cells(script):
+        cell = dict(cell_type=kind, metadata={},
+                    source=[line + "\n" for line in lines[:-1]] + lines[-1:])
+        if kind == "code":
+            cell.update(execution_count=None, outputs=[])
+        nb_cells.append(cell)
+    nb = dict(cells=nb_cells, metadata=METADATA, nbformat=4, nbformat_minor=4)
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def cmd_notebook(script: str = SCRIPT, out: str = NOTEBOOK) -> None:
+    with open(script, encoding="utf-8") as f:
+        text = notebook(f.read())
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {out} from {script}")
