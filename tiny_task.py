@@ -19,6 +19,7 @@ No RL and no tokencredit: that is train_tiny.py.
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -238,6 +239,8 @@ def sample_tokens(model, ids, attention, max_new_tokens: int, greedy: bool, temp
     """Sampling with a KV cache from softmax(logits / temperature), no top-k or top-p, as
     model.generate() samples, until every row has written <eos>. ids, attention (n, P): the
     left-padded prompts. Returns tokens (n, T), arbitrary after <eos>, and logits (n, T, V)."""
+    # transformers 5.21 renamed past_key_values to cache; older releases know only the old name
+    cache = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     positions = mask_positions(attention)  # (n, P)
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
     next_position = positions[:, -1:] + 1  # (n, 1)
@@ -256,7 +259,7 @@ def sample_tokens(model, ids, attention, max_new_tokens: int, greedy: bool, temp
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)  # (n, P + t)
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
-                    cache=out.cache, use_cache=True)
+                    use_cache=True, **{cache: getattr(out, cache)})
         next_position = next_position + 1
     return torch.stack(tokens, dim=1), torch.stack(all_logits, dim=1)  # (n, T), (n, T, V)
 
