@@ -459,17 +459,13 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # -----------------------------------------------------------------------------
 # input checks, made once at each public door: a ValueError says what was expected and what came
 
-# A door hands _check_inputs its arguments, locals(); each is checked by the rule of its name in
-# _RULES, or by one the door gives:
-#   "N T f"       a tensor of that shape: a letter is one size in a call (logp's (N, T) is mask's),
-#                 "|" separates shapes, f asks for floating point; on the device of the call's
-#                 first tensor; its values pass their _VALUES test (on real tokens when a mask came)
-#   ("a", "b")    one of these options
-#   (what, test)  what it must be, and its test of v and g: v the value if it is a number (an int
-#                 or a float, not a bool), else NaN (no comparison holds); g the call's arguments
-#                 and sizes
-#   a function    of the call's arguments: the rule it returns
-#   None          not checked here (fill_batch checks filter_key in each round)
+# A door hands _check_inputs its arguments, locals(), each checked by its name's rule in _RULES
+# (or one the door gives). "N T f": a tensor of that shape (a letter is one size in a call: logp's
+# (N, T) is mask's; "|" between shapes; f: floating point), on the call's first tensor's device,
+# its values passing their _VALUES test (on real tokens when a mask came). A tuple of options: one
+# of them. (what, test): test(v, g) holds, v the value if a number (an int or float, never a bool)
+# else NaN, g the call's arguments and sizes. A function of g: the rule it returns. None: no check
+# here (fill_batch checks filter_key in each round's _check_round).
 _POSITIVE_INT = ("a positive int", lambda v, g: type(v) is int and v > 0)
 _RULES = dict(
     lengths="N", rewards="B G", values="B G", advantages="N|N T",
@@ -546,10 +542,10 @@ def _check_values(g: dict, mask: Optional[torch.Tensor], rules: dict) -> None:
     """The values of each tensor in g that rules name, on the real tokens when a mask came."""
     for name, x in g.items():
         if name in rules and x is not None and x.dtype != torch.bool:
-            (expected, test), real = rules[name], x.dim() > 1 and name != "mask" and mask is not None
+            (what, test), real = rules[name], x.dim() > 1 and name != "mask" and mask is not None
             bad = ~test(x, g) & (mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else True)
             at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
-            _check_that(not at, name, f"be {expected}" + " on real tokens" * real,
+            _check_that(not at, name, f"be {what}" + " on real tokens" * real,
                         at and f"{x[at[0]].item()} at index {at[0]}")
 
 
