@@ -577,12 +577,12 @@ def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
     """One round of fill_batch's sampler: a dict of tensors, filter_key among them, of one leading
     size b, with the first round's keys and trailing shapes. Returns the first round's shapes."""
-    tensors = isinstance(groups, dict) and all(
-        torch.is_tensor(x) and x.dim() for x in groups.values())
-    got = {key: tuple(x.shape) for key, x in groups.items()} if tensors else groups
+    given = groups if isinstance(groups, dict) else {}
+    tensors = all(torch.is_tensor(x) and x.dim() for x in given.values())
+    got = {key: tuple(x.shape) if torch.is_tensor(x) else x for key, x in given.items()}
     shapes = {key: ("b",) + shape[1:] for key, shape in got.items()} if tensors else None
     _check_that(tensors and filter_key in got and len({s[0] for s in got.values()}) == 1 and
                 shapes == (first or shapes), "sample_groups()", f"return a dict of tensors with "
                 f"key {filter_key!r} (the filter_key), one leading size b" + bool(first) * (
-                    f", shapes {first} as in the first round"), got)
+                    f", shapes {first} as in the first round"), got or repr(groups))
     return first or shapes
