@@ -50,10 +50,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     Args: lengths (N,); max_len the budget L_max; cache_len in (0, max_len], the soft zone.
     Returns: penalty (N,) float in [-1, 0].
     """
-    _check_inputs(lengths=lengths)
-    _check_that(type(max_len) is int and max_len > 0, "max_len", "be a positive int", repr(max_len))
-    _check_that(type(cache_len) is int and 0 < cache_len <= max_len, "cache_len",
-                f"be an int in (0, max_len = {max_len}]", repr(cache_len))
+    _check_inputs(locals(), max_len=_POSITIVE_INT)  # here a count of tokens
     lengths = lengths.to(torch.float32)  # (N,)
     soft_start = max_len - cache_len
     ramp = (soft_start - lengths) / cache_len  # (N,) in [-1, 0) inside the soft zone
@@ -73,7 +70,7 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
     All rewards of a group equal (or G = 1): exactly 0. Args: rewards (B, G) finite. Returns:
     advantages (B, G), given to every token of the response.
     """
-    _check_inputs(rewards=rewards, scale=scale, eps=eps, baseline=baseline)
+    _check_inputs(locals())
     rewards = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     G = rewards.shape[1]
     if G == 1:
@@ -100,7 +97,7 @@ def informative_groups(values: torch.Tensor) -> torch.Tensor:
     """True where a group's values are not all equal (0 < #correct < G): its advantages are not 0.
 
     Args: values (B, G) finite; bool reads as 0/1. Returns: keep (B,) bool."""
-    _check_inputs(values=values)
+    _check_inputs(locals())
     return (values != values[:, :1]).any(dim=1)  # (B,)
 
 
@@ -114,8 +111,7 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     there is, maybe no group. Returns: (batch, stats): rounds (calls made), groups_seen,
     groups_informative (surplus included), groups_kept (in batch), full (1 if batch_size kept).
     """
-    _check_that(callable(sample_groups), "sample_groups", "be callable", repr(sample_groups))
-    _check_inputs(batch_size=batch_size, max_rounds=max_rounds)
+    _check_inputs(locals())
     kept, n_kept, n_seen, n_informative, rounds, first = [], 0, 0, 0, 0, None
     while n_kept < batch_size and rounds < max_rounds:
         groups = sample_groups()
@@ -142,7 +138,7 @@ def policy_gradient_surrogate(logp: torch.Tensor, advantages: torch.Tensor) -> t
     detached, as policy_loss does). Right only on-policy: it ignores which policy sampled o_t.
     Args: logp (N, T); advantages (N,) or (N, T). Returns: loss (N, T), not yet aggregated.
     """
-    _check_inputs(logp=logp, advantages=advantages)
+    _check_inputs(locals())
     A = advantages if advantages.dim() == 2 else advantages[:, None]  # (N, T), or A_i (N, 1)
     return _policy_gradient_surrogate(logp, A)
 
@@ -158,7 +154,7 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     "token": rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t}); "sequence", "sequence_token": GSPO's s_i.
     Args: logp, old_logp (a constant: no gradient flows into it), mask (N, T). Returns: (N, T).
     """
-    mask = _check_inputs(logp=logp, old_logp=old_logp, mask=mask, level=level)
+    mask = _check_inputs(locals())
     return _importance_ratio(logp, old_logp, mask, level)
 
 
@@ -177,8 +173,7 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
     the same value with d / d logp_{i,t} = s_i, for per-token advantages.
     Returns: (N, T), 1 on padding, in at least float32 (bf16 cannot resolve 3e-4 over 1000 tokens).
     """
-    mask = _check_inputs(logp=logp, old_logp=old_logp, mask=mask)
-    _check_that(type(per_token) is bool, "per_token", "be True or False", repr(per_token))
+    mask = _check_inputs(locals(), per_token=(False, True))  # not aggregate's tensor
     return _sequence_ratio(logp, old_logp, mask, per_token)
 
 
@@ -200,7 +195,7 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: fl
     GRPO uses one eps; eps_high > eps_low is DAPO's Clip-Higher [3]; eps_low >= 1: no lower clip.
     Args: ratio (N, T) from importance_ratio; advantages (N,) or (N, T). Returns: loss (N, T).
     """
-    _check_inputs(ratio=ratio, advantages=advantages, eps_low=eps_low, eps_high=eps_high)
+    _check_inputs(locals())
     A = advantages if advantages.dim() == 2 else advantages[:, None]  # (N, T), or A_i (N, 1)
     return _clipped_surrogate(ratio, A, eps_low, eps_high)
 
@@ -218,7 +213,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     is found for nearby policies, not guaranteed. As a loss its gradient is (1 - r) d log pi_theta,
     in expectation that of KL(pi_ref || pi_theta). Args: logp, ref_logp (N, T). Returns: (N, T).
     """
-    _check_inputs(logp=logp, ref_logp=ref_logp)
+    _check_inputs(locals())
     return _kl_k3(logp, ref_logp)
 
 
@@ -242,7 +237,7 @@ def token_weights(mask: torch.Tensor, mode: str, group_size: Optional[int] = Non
     Args: mask (N, T); group_size ("group_token"); max_len, Dr. GRPO's budget ("constant"). Returns:
     (N, T) float32, 0 on padding and (a count of 0 clamped to 1) on empty responses, not NaN.
     """
-    mask = _check_inputs(mask=mask, mode=mode, group_size=group_size, max_len=max_len)
+    mask = _check_inputs(locals())
     return mask / _loss_denominators(mask, mode, group_size, max_len)[:, None]  # (N, T)
 
 
@@ -269,8 +264,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str,
     Padding values, even NaN or inf, reach neither the result nor its gradient. Args: per_token
     (N, T) (integers averaged as float32); mask, mode etc. as in token_weights. Returns: 0-d float.
     """
-    mask = _check_inputs(per_token=per_token, mask=mask, mode=mode, group_size=group_size,
-                         max_len=max_len)
+    mask = _check_inputs(locals())
     return _aggregate(per_token, mask, mode, group_size, max_len)
 
 
@@ -299,10 +293,7 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean (these with "clip"), kl_mean (beta > 0));
     one host-device synchronisation reads them and checks that the inputs are finite.
     """
-    mask = _check_inputs(surrogate=surrogate, ratio_level=ratio_level, beta=beta, logp=logp,
-                         old_logp=old_logp, ref_logp=ref_logp, advantages=advantages, mask=mask,
-                         mode=mode, group_size=group_size, max_len=max_len, eps_low=eps_low,
-                         eps_high=eps_high)
+    mask = _check_inputs(locals())
     _check_that(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
                 "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
     _check_that(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
@@ -343,8 +334,7 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
     The direction KL(teacher || student) is OUR choice; many setups use KL(student || teacher).
     Args: student_logits, teacher_logits (N, T, V); mask; mode etc. as in token_weights.
     """
-    mask = _check_inputs(student_logits=student_logits, teacher_logits=teacher_logits,
-                         mask=mask, mode=mode, group_size=group_size, max_len=max_len)
+    mask = _check_inputs(locals())
     real = mask[:, :, None]  # (N, T, 1): padding logits -> 0 before log_softmax
     teacher_logp = torch.log_softmax(torch.where(real, teacher_logits.detach(), 0.0).float(), -1)
     student_logp = torch.log_softmax(torch.where(real, student_logits, 0.0).float(), -1)
@@ -365,7 +355,7 @@ def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: 
     d-_t = log pi(o_t | c-, q, o_<t) - log pi(o_t | q, o_<t)     (c- asserts "incorrect")
     Args: logp, logp_pos, logp_neg (one answer scored 3 ways), mask (N, T). Returns: (N, T) each.
     """
-    mask = _check_inputs(logp=logp, logp_pos=logp_pos, logp_neg=logp_neg, mask=mask)
+    mask = _check_inputs(locals())
     return torch.where(mask, logp_pos - logp, 0.0), torch.where(mask, logp_neg - logp, 0.0)
 
 
@@ -374,7 +364,7 @@ def counterfactual_sensitivity(d_pos: torch.Tensor, d_neg: torch.Tensor) -> torc
 
     It scores a token both assertions push the same way (not about the outcome) as one they push
     apart; shift_diagnostics splits the two. Returns: (N, T) >= 0."""
-    _check_inputs(d_pos=d_pos, d_neg=d_neg)
+    _check_inputs(locals())
     return _counterfactual_sensitivity(d_pos, d_neg)
 
 
@@ -394,8 +384,7 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     float32, 0 on padding and empty responses; log w_t shifted by its response's largest first, so
     no strength underflows to 0/0 (T = 0: an empty (N, 0)).
     """
-    mask = _check_inputs(sensitivity=sensitivity, mask=mask, strength=strength,
-                         threshold=threshold)
+    mask = _check_inputs(locals())
     log_w = -strength * torch.clamp(sensitivity.float() - threshold, min=0)  # (N, T) log w_t
     log_w = log_w.masked_fill(~mask, float("-inf"))
     if log_w.shape[-1] > 0:  # w_t / sum w is unchanged by a shift; this one avoids 0/0
@@ -411,7 +400,7 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
     A -inf logit (a masked-out token) has p = 0 and adds nothing: the entropy is over the tokens
     that remain. Args: logits (N, T, V). Returns: (N, T); aggregate(H, mask, "token"): its mean."""
-    _check_inputs(logits=logits)
+    _check_inputs(locals())
     logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T, V)
     p = logp.exp()  # (N, T, V)
     return -torch.where(p > 0, p * logp, 0.0).sum(dim=-1)  # (N, T)
@@ -425,7 +414,7 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor,
     all kept. No renormalisation: the loss keeps its denominator. Args: entropy, mask (N, T);
     top_fraction in (0, 1], 0.2 in the paper. Returns: keep (N, T) float.
     """
-    mask = _check_inputs(entropy=entropy, mask=mask, top_fraction=top_fraction)
+    mask = _check_inputs(locals())
     real = entropy[mask].float()  # (number of real tokens,)
     if real.numel() == 0:
         return torch.zeros(entropy.shape, device=entropy.device)
@@ -453,7 +442,7 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
     mean |d+ + d-| / 2, the differential part mean |d+ - d-| / 2; num_tokens, num_affected. OUR
     statistic: the paper's rule for "affected" tokens is not known to us.
     """
-    mask = _check_inputs(d_pos=d_pos, d_neg=d_neg, mask=mask, min_shift=min_shift)
+    mask = _check_inputs(locals())
     sensitivity = _counterfactual_sensitivity(d_pos, d_neg)  # (N, T)
     affected = mask & (sensitivity >= min_shift)  # (N, T)
     num_affected = affected.sum()
@@ -470,44 +459,47 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # -----------------------------------------------------------------------------
 # input checks, made once at each public door: a ValueError says what was expected and what came
 
-# An argument is checked by its name: a tensor's shape (a letter is one size in a call: logp's
-# (N, T) is mask's; "|" between shapes allowed; f: floating point), device (the first tensor's)
-# and values (on real tokens when a mask comes); a number's test; a choice's list.
-_SHAPES = dict(lengths="N", rewards="B G", values="B G", advantages="N|N T", **dict.fromkeys(
-    ("logits", "student_logits", "teacher_logits"), "N T V f"), **dict.fromkeys(
-    ("logp", "old_logp", "ref_logp", "ratio", "logp_pos", "logp_neg"), "N T f"), **dict.fromkeys(
-    ("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"), "N T"))
-_UNUSED = dict(  # when the call does not use the argument, it is not checked
-    old_logp=lambda g: g["old_logp"] is None and g.get("surrogate") == "reinforce",
-    ref_logp=lambda g: g.get("beta") == 0, group_size=lambda g: g.get("mode") != "group_token",
-    max_len=lambda g: g.get("mode") != "constant")
-_VALUES = dict(  # what the values must be: a test of the tensor x and the call's arguments g
-    **dict.fromkeys(("rewards", "values", "entropy", "d_pos", "d_neg"), ("finite", lambda x, g:
-                                                                         x.isfinite())),
-    **dict.fromkeys(("lengths", "sensitivity"), ("finite and >= 0", lambda x, g: x.isfinite()
-                                                 & (x >= 0))),
-    mask=("0 or 1", lambda x, g: (x == 0) | (x == 1)),  # -inf logits: a masked-out vocabulary
-    teacher_logits=("finite or -inf", lambda x, g: ~x.isnan() & (x < math.inf)),
+# A door hands _check_inputs its arguments, locals(), each checked by its name's rule in _RULES
+# (or one the door gives). "N T f": a tensor of that shape (a letter is one size in a call: logp's
+# (N, T) is mask's; "|" between shapes; f: floating point), on the call's first tensor's device,
+# its values passing their _VALUES test (on real tokens when a mask came). A tuple of options: one
+# of them. (what, test): test(v, g) holds, v the value if a number (an int or float, never a bool)
+# else NaN, g the call's arguments and sizes. A function of g: the rule it returns. None: no check
+# here (fill_batch checks filter_key in each round's _check_round).
+_POSITIVE_INT = ("a positive int", lambda v, g: type(v) is int and v > 0)
+_RULES = dict(
+    lengths="N", rewards="B G", values="B G", advantages="N|N T",
+    **dict.fromkeys(("logits", "student_logits", "teacher_logits"), "N T V f"),
+    **dict.fromkeys(("logp", "ratio", "logp_pos", "logp_neg"), "N T f"),
+    **dict.fromkeys(("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"), "N T"),
+    old_logp=lambda g: None if g["old_logp"] is None and g.get("surrogate") == "reinforce"
+    else "N T f", ref_logp=lambda g: None if g.get("beta") == 0 else "N T f",  # policy_loss's
+    scale=ADVANTAGE_SCALES, baseline=BASELINES, level=RATIO_LEVELS, ratio_level=RATIO_LEVELS,
+    surrogate=SURROGATES, mode=AGGREGATION_MODES,
+    **dict.fromkeys(("beta", "strength", "min_shift"), ("a finite number >= 0",
+                                                        lambda v, g: 0 <= v < math.inf)),
+    **dict.fromkeys(("eps_low", "eps_high"), ("a number >= 0", lambda v, g: v >= 0)),
+    eps=("a finite number > 0", lambda v, g: 0 < v < math.inf),
+    threshold=("a finite number", lambda v, g: abs(v) < math.inf),
+    top_fraction=("a number in (0, 1]", lambda v, g: 0 < v <= 1),
+    max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
+             lambda v, g: g["mode"] != "constant" or 0 < v < math.inf),
+    group_size=("a positive int dividing N = {N} (mode 'group_token')", lambda v, g: g["mode"]
+                != "group_token" or type(v) is int and v > 0 and g["N"] % v == 0),
+    cache_len=("an int in (0, max_len = {max_len}]", lambda v, g: type(v) is int
+               and 0 < v <= g["max_len"]), batch_size=_POSITIVE_INT, max_rounds=_POSITIVE_INT,
+    sample_groups=("callable", lambda v, g: callable(g["sample_groups"])), filter_key=None)
+_FINITE = ("finite", lambda x, g: x.isfinite())
+_AT_LEAST_0 = ("finite and >= 0", lambda x, g: (0 <= x) & (x < math.inf))
+_VALUES = dict(  # (what a tensor's values must be, their test of the tensor x and the call g)
+    rewards=_FINITE, values=_FINITE, entropy=_FINITE, d_pos=_FINITE, d_neg=_FINITE,
+    lengths=_AT_LEAST_0, sensitivity=_AT_LEAST_0, mask=("0 or 1", lambda x, g: (x == 0) | (x == 1)),
+    teacher_logits=("finite or -inf", lambda x, g: x < math.inf),  # -inf: a masked-out token
     student_logits=("finite or -inf, and > -inf where teacher_logits are (or KL(teacher || "
-                    "student) is infinite)", lambda x, g: ~x.isnan() & (x < math.inf) & (
+                    "student) is infinite)", lambda x, g: (x < math.inf) & (
                         (x > -math.inf) | (g["teacher_logits"] == -math.inf))),
     logits=("finite or -inf, with a finite value at every position",
             lambda x, g: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
-_NUMBERS = dict(  # what the number must be: its test, N the call's number of responses
-    **dict.fromkeys(("beta", "strength", "min_shift"), ("a finite number >= 0", lambda v, N:
-                                                        math.isfinite(v) and v >= 0)),
-    **dict.fromkeys(("eps_low", "eps_high"), ("a number >= 0", lambda v, N: v >= 0)),
-    **dict.fromkeys(("batch_size", "max_rounds"), ("a positive int", lambda v, N: type(v) is int
-                                                    and v > 0)),
-    eps=("a finite number > 0", lambda v, N: math.isfinite(v) and v > 0),
-    threshold=("a finite number", lambda v, N: math.isfinite(v)),
-    top_fraction=("a number in (0, 1]", lambda v, N: 0 < v <= 1),
-    group_size=("a positive int dividing N = {N} (mode 'group_token')",
-                lambda v, N: type(v) is int and v > 0 and N % v == 0),
-    max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
-             lambda v, N: math.isfinite(v) and v > 0))
-_CHOICES = dict(scale=ADVANTAGE_SCALES, baseline=BASELINES, level=RATIO_LEVELS,
-                ratio_level=RATIO_LEVELS, surrogate=SURROGATES, mode=AGGREGATION_MODES)
 
 
 def _check_that(ok: bool, name: str, expected: str, got) -> None:
@@ -515,46 +507,46 @@ def _check_that(ok: bool, name: str, expected: str, got) -> None:
         raise ValueError(f"{name} must {expected}, got {got}")
 
 
-def _check_inputs(**given) -> Optional[torch.Tensor]:
-    """Each argument by its name's rule above. Returns the mask as bool, when one came."""
-    sizes, device = {}, None  # sizes: a letter's size
-    for name, x in list(given.items()):
-        tensor, ok = isinstance(x, torch.Tensor), True
+def _check_inputs(g: dict, **rules) -> Optional[torch.Tensor]:
+    """A door's arguments g, each by its rule. Returns the mask as bool, when one came."""
+    rules, sizes, device = {**_RULES, **rules}, {}, None  # sizes: each letter's size in the call
+    for name, x in g.items():
+        rule, tensor = rules[name], torch.is_tensor(x)
+        rule = rule(g) if callable(rule) else rule
         got = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if tensor else repr(x)
-        if name in _UNUSED and _UNUSED[name](given):
-            del given[name]
-        elif name in _CHOICES:
-            ok, expected = type(x) is str and x in _CHOICES[name], f"be one of {_CHOICES[name]}"
-        elif name in _NUMBERS:
-            (expected, test), N = _NUMBERS[name], sizes.get("N", "N")
-            number = isinstance(x, (int, float)) and not isinstance(x, bool)
-            ok = number and test(x, N)
-            expected = "be " + expected.format(N=N)
-        else:  # a tensor: one of its shapes, in the sizes of the tensors before it, on their device
-            shapes = [shape.replace("f", "").split() for shape in _SHAPES[name].split("|")]
+        if rule is None:
+            continue
+        if isinstance(rule, str):  # a tensor: one of its shapes in the call's sizes, on its device
+            shapes = [tuple(s.split()) for s in rule.replace(" f", "").split("|")]
             letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
-            shape = x.shape if letters else ()
-            want = tuple(sizes.setdefault(k, n) for k, n in zip(letters or (), shape))
-            device, floating = device or getattr(x, "device", None), "f" in _SHAPES[name]
+            want = letters and tuple(sizes.setdefault(k, n) for k, n in zip(letters, x.shape))
+            device, floating = device or getattr(x, "device", None), " f" in rule
             ok = letters and want == x.shape and x.device == device and (
                 x.is_floating_point() or not floating)
-            expected = "be a " + "floating-point " * floating + "torch.Tensor " + " or ".join(
-                f"({', '.join(s)}{',' * (len(s) == 1)})" for s in [letters] * bool(letters)
-                or shapes) + f" = {want}" * bool(letters) + f" on {device}" * bool(device)
+            expected = f"a {'floating-point ' * floating}torch.Tensor " + " or ".join(
+                str(s).replace("'", "") for s in ([letters] if letters else shapes)) + (
+                f" = {want}" * bool(letters) + f" on {device}" * bool(device))
             got = got if tensor else type(x).__name__
-        if not ok:
-            raise ValueError(f"{name} must {expected}, got {got}")
-    mask = given.get("mask")
-    mask = mask if mask is None or mask.dtype == torch.bool else mask != 0
-    for name, x in given.items():  # the values, on the real tokens when a mask came
-        if name in _VALUES and x.dtype != torch.bool:
-            (expected, ok), real = _VALUES[name], mask is not None and name != "mask"
-            bad = ~ok(x, given) & (mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else True)
-            if bad.any():
-                at = tuple(bad.nonzero()[0].tolist())  # the first bad value
-                raise ValueError(f"{name} must be {expected}{' on real tokens' * real}, got "
-                                 f"{x[at].item()} at index {at}")
+        elif callable(rule[-1]):  # (what, test)
+            v = x if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+            ok, expected = rule[1](v, {**g, **sizes}), rule[0].format_map({**g, **sizes})
+        else:  # one of the options
+            ok, expected = type(x) is type(rule[0]) and x in rule, f"one of {rule}"
+        _check_that(ok, name, f"be {expected}", got)
+    mask = g["mask"] != 0 if "mask" in g else None
+    _check_values(g, mask, _VALUES)
     return mask
+
+
+def _check_values(g: dict, mask: Optional[torch.Tensor], rules: dict) -> None:
+    """The values of each tensor in g that rules name, on the real tokens when a mask came."""
+    for name, x in g.items():
+        if name in rules and x is not None and x.dtype != torch.bool:
+            (what, test), real = rules[name], x.dim() > 1 and name != "mask" and mask is not None
+            bad = ~test(x, g) & (mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else True)
+            at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
+            _check_that(not at, name, f"be {what}" + " on real tokens" * real,
+                        at and f"{x[at[0]].item()} at index {at[0]}")
 
 
 def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
@@ -571,11 +563,8 @@ def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
         if kl is not None:
             values.append(kl.sum())
         values = torch.stack([v.to(torch.float64) for v in values]).tolist()  # the one read
-    for name, x in given.items() if not values[0] else ():  # a sum was not finite: which one?
-        bad = ~x.isfinite() & (mask if x.dim() == 2 else True) if x is not None else mask[:0]
-        at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
-        _check_that(not at, name, "be finite on real tokens",
-                    at and f"{x[at[0]].item()} at index {at[0]}")
+    if not values[0]:  # a sum was not finite: which value?
+        _check_values(given, mask, dict.fromkeys(given, _FINITE))
     stats, denom = dict(num_tokens=int(values[1])), max(values[1], 1)
     if ratio is not None:  # ratio.sum() counted padding's 1s: take them out
         stats.update(clip_frac_low=values[2] / denom, clip_frac_high=values[3] / denom,
@@ -587,14 +576,13 @@ def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
     """One round of fill_batch's sampler: a dict of tensors, filter_key among them, of one leading
-    size b, with the first round's keys and trailing shapes. Returns the first round."""
+    size b, with the first round's keys and trailing shapes. Returns the first round's shapes."""
     given = groups if isinstance(groups, dict) else {}
-    tensors = all(isinstance(x, torch.Tensor) and x.dim() for x in given.values())
-    shapes = {key: ("b",) + tuple(x.shape[1:]) for key, x in given.items()} if tensors else {}
-    want = {key: ("b",) + tuple(x.shape[1:]) for key, x in first.items()} if first else shapes
-    one_b = len({len(x) for x in given.values()}) == 1
-    _check_that(filter_key in shapes and one_b and shapes == want, "sample_groups()",
-                f"return a dict of tensors with key {filter_key!r} (the filter_key), one leading "
-                f"size b" + f", shapes {want} as in the first round" * bool(first),
-                {k: tuple(getattr(x, "shape", ())) or x for k, x in given.items()} or repr(groups))
-    return first or groups
+    tensors = all(torch.is_tensor(x) and x.dim() for x in given.values())
+    got = {key: tuple(x.shape) if torch.is_tensor(x) else x for key, x in given.items()}
+    shapes = {key: ("b",) + shape[1:] for key, shape in got.items()} if tensors else None
+    _check_that(tensors and filter_key in got and len({s[0] for s in got.values()}) == 1 and
+                shapes == (first or shapes), "sample_groups()", f"return a dict of tensors with "
+                f"key {filter_key!r} (the filter_key), one leading size b" + bool(first) * (
+                    f", shapes {first} as in the first round"), got or repr(groups))
+    return first or shapes
