@@ -1,6 +1,7 @@
 """The flag scan: what in a submission reaches past the exercises, read from its ast (nothing is
 run). A flag is for the instructor to look at; with --strict a flagged submission gets 0 until
-reviewed. A correct solution written the ordinary way has none."""
+reviewed. A correct solution written the ordinary way has none: the doors' given
+`_check_inputs(locals())` is not a use of locals."""
 
 import ast
 
@@ -34,6 +35,11 @@ def scan(source: str, extra_files=()) -> list:
                                        ast.ClassDef)) and node.body
                   and isinstance(node.body[0], ast.Expr)
                   and isinstance(node.body[0].value, ast.Constant)}
+    given = {id(node.args[0].func) for node in ast.walk(tree)  # the door's own line
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id == "_check_inputs" and node.args
+             and isinstance(node.args[0], ast.Call) and isinstance(node.args[0].func, ast.Name)
+             and node.args[0].func.id == "locals" and not node.args[0].args}
     modules = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -52,7 +58,7 @@ def scan(source: str, extra_files=()) -> list:
             top = (node.module or "").split(".")[0]
             said = f"imports from {node.module or '.'}" if node.level or top not in IMPORTS \
                 else None
-        elif isinstance(node, ast.Name) and node.id in NAMES:
+        elif isinstance(node, ast.Name) and node.id in NAMES and id(node) not in given:
             said = f"uses {node.id}"
         elif isinstance(node, ast.Name) and node.id in MODULES:
             said = f"uses {node.id}"
