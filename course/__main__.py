@@ -27,7 +27,7 @@ import random
 import sys
 import time
 
-from . import grading, report
+from . import grading, report, written
 from .exercises import EXERCISES, SETS, names as exercise_names, points as exercise_points
 from .flags import scan
 from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, fresh_seed, find_student,
@@ -70,6 +70,7 @@ def cmd_grade(args) -> None:
         raise SystemExit(f"course: exercises {args.only} asked for, this set has "
                          f"{where['exercises']}")
     source = read(path)
+    form = written.form_of(args.path or path)  # read before the student's code runs
     flags = scan(source, extras)
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
                     dict(where["limits"], **limits_of(args)))
@@ -85,10 +86,20 @@ def cmd_grade(args) -> None:
     for line in report.flag_lines(flags):
         print(line)
     print(report.format_rows(rows, args.verbose or bool(args.only)))
+    exercises = args.only or where["exercises"]
+    if where["reference"]:  # the official grade, with the instructor's table
+        answers = written.grade(form, exercises)
+        said = written.lines(*answers, instructor=True)
+    else:  # a handout's table has no values: the form is only read
+        answers = None
+        said = written.lines(*written.grade(form, exercises, where["mapping"].get("written", [])),
+                             instructor=False)
+    for line in said:
+        print(line)
     print(f"({time.monotonic() - started:.1f} s)")
     if args.gradescope:
         with open(args.gradescope, "w") as f:
-            json.dump(report.gradescope(rows, flags), f, indent=1)
+            json.dump(report.gradescope(rows, flags, answers), f, indent=1)
         print(f"wrote {args.gradescope}")
 
 
@@ -122,34 +133,38 @@ def cmd_grade_all(args) -> None:
     graded = {}
     try:
         for name, path in order:
+            form = written.form_of(path) if os.path.isdir(path) else (None, written.NO_FORM)
+            answers = written.grade(form, where["exercises"])  # before the student's code runs
             try:
                 student, extras = find_student(path)
                 source = read(student)
             except (ValueError, OSError, UnicodeDecodeError) as error:
-                graded[name] = (zero_rows(where["exercises"], str(error)), [])
+                graded[name] = (zero_rows(where["exercises"], str(error)), [], answers)
                 continue
             flags = scan(source, extras)
             rows = grader.grade(source, os.path.basename(student))
             flag_row(rows, flags, args.strict)
-            graded[name] = (rows, flags)
+            graded[name] = (rows, flags, answers)
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
     tmp = csv_file + ".tmp"
     with open(tmp, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["student", "set", "seed"] + [f"exercise {k}" for k in where["exercises"]]
-                     + ["total", "max", "flags", "notes"])
+                     + ["total", "max"] + written.csv_header(where["exercises"])
+                     + ["flags", "notes"])
         for name, _ in students:
-            rows, flags = graded[name]
+            rows, flags, answers = graded[name]
             said = "; ".join(f"exercise {r['k']}: {n}" for r in rows for n in report.notes(r))
             out.writerow([name, where["set"], where["seed"]]
                          + [f"{r['points']:.2f}" for r in rows]
                          + [f"{sum(r['points'] for r in rows):.2f}",
-                            f"{sum(r['max'] for r in rows):g}", "; ".join(flags), said])
+                            f"{sum(r['max'] for r in rows):g}"] + written.csv_cells(*answers)
+                         + ["; ".join(flags), said])
             if args.gradescope_dir:
                 os.makedirs(os.path.join(args.gradescope_dir, name), exist_ok=True)
                 with open(os.path.join(args.gradescope_dir, name, "results.json"), "w") as g:
-                    json.dump(report.gradescope(rows, flags), g, indent=1)
+                    json.dump(report.gradescope(rows, flags, answers), g, indent=1)
     os.replace(tmp, csv_file)
     print(f"graded {len(students)} submissions (set {where['set']}, seed {where['seed']}) in "
           f"{time.monotonic() - started:.1f} s: wrote {csv_file}"
