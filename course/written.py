@@ -136,11 +136,20 @@ LINE = re.compile(r"\s*([A-Za-z0-9][\w.-]*)\s*:(.*)")
 def questions(exercises, table=None) -> list:
     """The rows of these exercises, in the table's order, as dicts (`number`: graded here)."""
     keys = ("id", "k", "points", "expected", "abs", "rel", "question")
-    out = [dict(zip(keys, row)) for row in (QUESTIONS if table is None else table)
-           if row[1] in exercises]
-    for q in out:
-        q["number"] = not isinstance(q["expected"], str)
-    return out
+    rows = [dict(zip(keys, row), number=not isinstance(row[3], str), fields=len(row))
+            for row in (QUESTIONS if table is None else table)]
+    for q in rows:
+        fits = q.pop("fields") == len(keys) and LINE.fullmatch(f"{q['id']}:") and \
+            q["k"] in EXERCISES and q["points"] > 0
+        if not fits or q["number"] and not (q["abs"] >= 0 and q["rel"] >= 0):
+            raise ValueError(f"course/written.py: a row of QUESTIONS should hold an id (letters, "
+                             f"digits, '.', '_', '-'), an exercise of 1-{len(EXERCISES)}, points "
+                             f"> 0, and a number with abs, rel >= 0 or a rubric; got {q}")
+    ids = [q["id"] for q in rows]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"course/written.py: each row of QUESTIONS should have an id of its own; "
+                         f"got {sorted({i for i in ids if ids.count(i) > 1})} twice")
+    return [q for q in rows if q["k"] in exercises]
 
 
 def public(exercises) -> list:
@@ -163,8 +172,8 @@ def blank_form(set_name: str, exercises) -> str:
         if q["k"] != k:
             k = q["k"]
             out.append(f"\n## Exercise {k}: {EXERCISES[k][0]}\n")
-        kind = "a number" if q["number"] else "a line of text"
-        said = f"({kind}, {q['points']:g} point{'s' * (q['points'] != 1)}) {q['question']}"
+        kind = f"a number, {tolerance(q)}" if q["number"] else "a line of text, graded by hand"
+        said = f"({kind}; {q['points']:g} point{'s' * (q['points'] != 1)}) {q['question']}"
         out.append("\n" + textwrap.fill(said, 98, initial_indent="# ", subsequent_indent="# ")
                    + f"\n{q['id']}:\n")
     return "".join(out)
@@ -191,8 +200,8 @@ def form_of(path: str) -> tuple:
     a file. Read before the submission's code runs."""
     if not os.path.isdir(path):
         return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
-    found = sorted((os.path.join(root, FORM) for root, _, names in os.walk(path)
-                    if FORM in names), key=lambda p: (p.count(os.sep), p))
+    found = sorted((os.path.join(root, FORM) for root, folders, names in os.walk(path)
+                    if FORM in names + folders), key=lambda p: (p.count(os.sep), p))
     return read_form(found[0]) if found else (None, NO_FORM)
 
 
