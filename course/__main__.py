@@ -6,7 +6,7 @@
   python -m course gradescope OUT.zip --set NAME          a Gradescope autograder bundle
   python -m course list [--set NAME]                      the points table and each function's tests
   python -m course plants DIR                             selfcheck's plants as a class to grade
-  python -m course answers [FILE]                         the sheet's answers, for the instructor
+  python -m course answers [FILE]                         the sheet's answers and rubrics, for you
   python -m course selfcheck                              the grader's own checks (CI runs it)
 
 The sheet is docs/course.md. The student's code computes and the grader judges: each exercise of
@@ -17,6 +17,8 @@ Official grades (grade PATH in the repository, grade-all, the bundle) put the st
 k beside the reference's other exercises, with the reference's exercise k blank, and check on
 fresh inputs drawn from a seed chosen for that grade (tests/test_hidden.py). In a handout there
 is no reference: the student's file runs whole, at seed 0, with the loops' recorded outputs.
+The written answers (written.txt, beside the file or in the folder) are read as text before the
+code runs, and their numbers graded against the table in course/written.py.
 """
 
 import argparse
@@ -214,14 +216,16 @@ def main(argv=None) -> None:
                                      epilog="The exercise sheet: docs/course.md")
     commands = parser.add_subparsers(dest="command", required=True)
     sets = "; ".join(f"{name} = {', '.join(map(str, ks))}" for name, ks in SETS.items())
-    handout = commands.add_parser("handout", help="write a student copy with the exercises blank")
+    handout = commands.add_parser("handout", help="write a student copy with the exercises blank "
+                                  "and the blank answer form written.txt")
     handout.add_argument("dir", help="a new or empty folder")
     handout.add_argument("--set", default="all", choices=SETS, help="which exercises: " + sets)
     handout.add_argument("--answers", action="store_true",
                          help="keep the sheet's answers (self-study); by default they are left out")
-    grade = commands.add_parser("grade", help="grade a tokencredit.py, one line per exercise")
+    grade = commands.add_parser("grade", help="grade a tokencredit.py, one line per exercise, "
+                                "and the written.txt beside it")
     grade.add_argument("path", nargs="?", help="the student's tokencredit.py, or a folder holding "
-                       "it (default: the one beside course/)")
+                       "it and written.txt (default: the one beside course/)")
     grade.add_argument("--set", choices=SETS, help="grade only this set's exercises (default: "
                        "the handout's, else all); never read from the submission")
     grade.add_argument("-e", "--exercise", type=int, action="append", dest="only",
@@ -232,7 +236,8 @@ def main(argv=None) -> None:
     grade.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     add_limits(grade)
     class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
-    class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/")
+    class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/ (with "
+                        "written.txt)")
     class_.add_argument("--set", choices=SETS, help="which exercises (default all)")
     class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
     class_.add_argument("--gradescope-dir", metavar="OUT",
@@ -258,7 +263,8 @@ def main(argv=None) -> None:
     plants = commands.add_parser("plants", help="write selfcheck's planted mistakes as a class "
                                  "to grade (try grade-all on it)")
     plants.add_argument("dir", help="a new or empty folder")
-    answers = commands.add_parser("answers", help="the sheet's answers (left out of a handout)")
+    answers = commands.add_parser("answers", help="the sheet's answers, the written form's values "
+                                  "and rubrics (left out of a handout)")
     answers.add_argument("file", nargs="?", help="write them here (default: print them)")
     commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
                         "handouts")
