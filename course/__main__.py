@@ -6,7 +6,7 @@
   python -m course gradescope OUT.zip --set NAME          a Gradescope autograder bundle
   python -m course list [--set NAME]                      the points table and each function's tests
   python -m course plants DIR                             selfcheck's plants as a class to grade
-  python -m course answers [FILE]                         the sheet's answers, for the instructor
+  python -m course answers [FILE]                         the sheet's answers and rubrics, for you
   python -m course selfcheck                              the grader's own checks (CI runs it)
   python -m course lecture-figures [DIR]                  docs/lecture.md's figures, from results/
   python -m course notebook                               course/notebook.ipynb from its script
@@ -19,6 +19,8 @@ Official grades (grade PATH in the repository, grade-all, the bundle) put the st
 k beside the reference's other exercises, with the reference's exercise k blank, and check on
 fresh inputs drawn from a seed chosen for that grade (tests/test_hidden.py). In a handout there
 is no reference: the student's file runs whole, at seed 0, with the loops' recorded outputs.
+The written answers (written.txt, beside the file or in the folder) are read as text before the
+code runs, and their numbers graded against the table in course/written.py.
 """
 
 import argparse
@@ -29,7 +31,7 @@ import random
 import sys
 import time
 
-from . import grading, report
+from . import grading, report, written
 from .exercises import EXERCISES, SETS, names as exercise_names, points as exercise_points
 from .flags import scan
 from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, fresh_seed, find_student,
@@ -72,6 +74,7 @@ def cmd_grade(args) -> None:
         raise SystemExit(f"course: exercises {args.only} asked for, this set has "
                          f"{where['exercises']}")
     source = read(path)
+    form = written.form_of(args.path or path)  # read before the student's code runs
     flags = scan(source, extras)
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
                     dict(where["limits"], **limits_of(args)))
@@ -87,10 +90,20 @@ def cmd_grade(args) -> None:
     for line in report.flag_lines(flags):
         print(line)
     print(report.format_rows(rows, args.verbose or bool(args.only)))
+    exercises = args.only or where["exercises"]
+    if where["reference"]:  # the official grade, with the instructor's table
+        answers = written.grade(form, exercises)
+        said = written.lines(*answers, instructor=True)
+    else:  # a handout's table has no values: the form is only read
+        answers = None
+        said = written.lines(*written.grade(form, exercises, where["mapping"].get("written", [])),
+                             instructor=False)
+    for line in said:
+        print(line)
     print(f"({time.monotonic() - started:.1f} s)")
     if args.gradescope:
         with open(args.gradescope, "w") as f:
-            json.dump(report.gradescope(rows, flags), f, indent=1)
+            json.dump(report.gradescope(rows, flags, answers), f, indent=1)
         print(f"wrote {args.gradescope}")
 
 
@@ -124,34 +137,38 @@ def cmd_grade_all(args) -> None:
     graded = {}
     try:
         for name, path in order:
+            form = written.form_of(path) if os.path.isdir(path) else (None, written.NO_FORM)
+            answers = written.grade(form, where["exercises"])  # before the student's code runs
             try:
                 student, extras = find_student(path)
                 source = read(student)
             except (ValueError, OSError, UnicodeDecodeError) as error:
-                graded[name] = (zero_rows(where["exercises"], str(error)), [])
+                graded[name] = (zero_rows(where["exercises"], str(error)), [], answers)
                 continue
             flags = scan(source, extras)
             rows = grader.grade(source, os.path.basename(student))
             flag_row(rows, flags, args.strict)
-            graded[name] = (rows, flags)
+            graded[name] = (rows, flags, answers)
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
     tmp = csv_file + ".tmp"
     with open(tmp, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["student", "set", "seed"] + [f"exercise {k}" for k in where["exercises"]]
-                     + ["total", "max", "flags", "notes"])
+                     + ["total", "max"] + written.csv_header(where["exercises"])
+                     + ["flags", "notes"])
         for name, _ in students:
-            rows, flags = graded[name]
+            rows, flags, answers = graded[name]
             said = "; ".join(f"exercise {r['k']}: {n}" for r in rows for n in report.notes(r))
             out.writerow([name, where["set"], where["seed"]]
                          + [f"{r['points']:.2f}" for r in rows]
                          + [f"{sum(r['points'] for r in rows):.2f}",
-                            f"{sum(r['max'] for r in rows):g}", "; ".join(flags), said])
+                            f"{sum(r['max'] for r in rows):g}"] + written.csv_cells(*answers)
+                         + ["; ".join(flags), said])
             if args.gradescope_dir:
                 os.makedirs(os.path.join(args.gradescope_dir, name), exist_ok=True)
                 with open(os.path.join(args.gradescope_dir, name, "results.json"), "w") as g:
-                    json.dump(report.gradescope(rows, flags), g, indent=1)
+                    json.dump(report.gradescope(rows, flags, answers), g, indent=1)
     os.replace(tmp, csv_file)
     print(f"graded {len(students)} submissions (set {where['set']}, seed {where['seed']}) in "
           f"{time.monotonic() - started:.1f} s: wrote {csv_file}"
@@ -201,14 +218,16 @@ def main(argv=None) -> None:
                                      epilog="The exercise sheet: docs/course.md")
     commands = parser.add_subparsers(dest="command", required=True)
     sets = "; ".join(f"{name} = {', '.join(map(str, ks))}" for name, ks in SETS.items())
-    handout = commands.add_parser("handout", help="write a student copy with the exercises blank")
+    handout = commands.add_parser("handout", help="write a student copy with the exercises blank "
+                                  "and the blank answer form written.txt")
     handout.add_argument("dir", help="a new or empty folder")
     handout.add_argument("--set", default="all", choices=SETS, help="which exercises: " + sets)
     handout.add_argument("--answers", action="store_true",
                          help="keep the sheet's answers (self-study); by default they are left out")
-    grade = commands.add_parser("grade", help="grade a tokencredit.py, one line per exercise")
+    grade = commands.add_parser("grade", help="grade a tokencredit.py, one line per exercise, "
+                                "and the written.txt beside it")
     grade.add_argument("path", nargs="?", help="the student's tokencredit.py, or a folder holding "
-                       "it (default: the one beside course/)")
+                       "it and written.txt (default: the one beside course/)")
     grade.add_argument("--set", choices=SETS, help="grade only this set's exercises (default: "
                        "the handout's, else all); never read from the submission")
     grade.add_argument("-e", "--exercise", type=int, action="append", dest="only",
@@ -219,7 +238,8 @@ def main(argv=None) -> None:
     grade.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     add_limits(grade)
     class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
-    class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/")
+    class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/ (with "
+                        "written.txt)")
     class_.add_argument("--set", choices=SETS, help="which exercises (default all)")
     class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
     class_.add_argument("--gradescope-dir", metavar="OUT",
@@ -245,7 +265,8 @@ def main(argv=None) -> None:
     plants = commands.add_parser("plants", help="write selfcheck's planted mistakes as a class "
                                  "to grade (try grade-all on it)")
     plants.add_argument("dir", help="a new or empty folder")
-    answers = commands.add_parser("answers", help="the sheet's answers (left out of a handout)")
+    answers = commands.add_parser("answers", help="the sheet's answers, the written form's values "
+                                  "and rubrics (left out of a handout)")
     answers.add_argument("file", nargs="?", help="write them here (default: print them)")
     commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
                         "handouts")

@@ -18,7 +18,7 @@ from .grading import (BUNDLE_FILE, HERE, HIDDEN, ROOT, TESTS, Grader, fresh_seed
                       read, sha, test_files, test_map, find_student)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
-           "grading.py", "report.py", "flags.py", "bundle.py")
+           "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
 REQUIREMENTS = "numpy\npytest\n"  # and torch, from the CPU index (setup.sh)
 TORCH = "torch>=2.4,<3"
 SETUP_SH = """#!/usr/bin/env bash
@@ -44,17 +44,18 @@ exec "${PYTHON:-python3}" -m course autograde --root "$root"
 """
 
 
-def strip_selfcheck(source: str) -> str:
-    """exercises.py without MISTAKES, CORRECT and ENDLESS: they quote the reference."""
+def strip_selfcheck(source: str, names=("MISTAKES", "CORRECT", "ENDLESS")) -> str:
+    """exercises.py without MISTAKES, CORRECT and ENDLESS: they quote the reference. (Or another
+    module without the tables `names`: written.py's QUESTIONS holds the answers.)"""
     import ast
     tree, lines = ast.parse(source), source.splitlines(keepends=True)
     for node in reversed(tree.body):
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
-                node.targets[0].id in ("MISTAKES", "CORRECT", "ENDLESS"):
+                node.targets[0].id in names:
             name = node.targets[0].id
             empty = "()" if name != "ENDLESS" else "(0, '', ())"
             lines[node.lineno - 1:node.end_lineno] = [
-                f"{name} = {empty}  # left out of this copy: they quote the solutions\n"]
+                f"{name} = {empty}  # left out of this copy: it quotes solutions or answers\n"]
     return "".join(lines)
 
 
@@ -110,7 +111,7 @@ def cmd_gradescope(out: str, set_name: str, seed, user: str, limits: dict) -> No
 def cmd_autograde(root: str) -> None:
     """What run_autograder runs: grade ROOT/submission, write ROOT/results/results.json after
     every process of the submission is gone."""
-    from . import report
+    from . import report, written
     from .flags import scan
     config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
     exercises = list(SETS[config["set"]])
@@ -118,6 +119,7 @@ def cmd_autograde(root: str) -> None:
     os.makedirs(os.path.dirname(results), exist_ok=True)
     reference = read(os.path.join(ROOT, "tokencredit.py"))
     flags = []
+    answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
     try:
         student, extras = find_student(os.path.join(root, "submission"))
         source = read(student)
@@ -125,7 +127,8 @@ def cmd_autograde(root: str) -> None:
         out = dict(score=0.0, output=f"No grade: {error}. Submit your tokencredit.py.",
                    tests=[dict(name=f"exercise {k}: {EXERCISES[k][0]}", score=0.0,
                                max_score=exercise_points(k), output=str(error))
-                          for k in exercises])
+                          for k in exercises] + written.gradescope_tests(*answers))
+        out["score"] = round(sum(t.get("score", 0) for t in out["tests"]), 2)
     else:
         flags = scan(source, extras)
         grader = Grader(reference, test_map(reference), exercises, config["seed"],
@@ -134,8 +137,9 @@ def cmd_autograde(root: str) -> None:
             rows = grader.grade(source, os.path.basename(student))
         finally:
             grader.close()  # every process of the students' user is gone before results
-        out = report.gradescope(rows, flags)
-        print(report.format_rows(rows, True))
+        out = report.gradescope(rows, flags, answers)
+        print(report.format_rows(rows, True))  # run_autograder's stdout: for the instructor
+        print("\n".join(written.lines(*answers, instructor=True)))
     with open(results, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {results}: {out['score']} points")

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 
+from . import written
 from .bundle import strip_selfcheck
 from .exercises import EXERCISES, SETS, names as exercise_names
 from .grading import HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_map
@@ -54,6 +55,9 @@ write its body. The other functions are complete; read them, they use the same h
     python -m course grade -e 1      # one exercise, with the failing tests
     python train_tiny.py --quick     # your equations train the tiny model (exercises 1, 3, 5)
 
+Answer the sheet's pencil and lab questions in written.txt, one `id: answer` per line, and hand
+it in beside tokencredit.py; `python -m course grade` says which answers it cannot read.
+
 At first every test of your exercises fails: that is the grader working. Do the exercises in
 order: a test that also needs a later exercise you have not written waits for it. Where a test
 compares with a plain loop, this copy compares with that loop's outputs recorded on the same
@@ -95,7 +99,8 @@ def strip_lab(page: str) -> tuple:
 def all_answers() -> list:
     _, found = strip_answers(read(os.path.join(ROOT, "docs", "course.md")))
     _, lab = strip_lab(read(os.path.join(ROOT, "docs", "lab.md")))
-    return found + [f"\nFrom docs/lab.md:\n{block}" for block in lab]
+    return (found + [f"\nFrom docs/lab.md:\n{block}" for block in lab]
+            + [written.answers_block()])
 
 
 def write_handout(out: str, set_name: str, answers: bool, reference: str, mapping: dict) -> None:
@@ -114,8 +119,12 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str, mappin
     files = {"tokencredit.py": blank(reference, exercises),
              TESTS: snapshot_tests(read(os.path.join(ROOT, TESTS)), SNAPSHOTS),
              "course/exercises.py": strip_selfcheck(read(os.path.join(HERE, "exercises.py"))),
+             "course/written.py": strip_selfcheck(read(os.path.join(HERE, "written.py")),
+                                                  ("QUESTIONS",)),
+             written.FORM: written.blank_form(set_name, exercises),
              SNAPSHOTS: json.dumps(mapping["snapshots"]),
              MAP_FILE: json.dumps(dict(set=set_name, exercises=list(exercises),
+                                       written=written.public(exercises),
                                        **{k: mapping[k] for k in ("fails", "tests", "kinds",
                                                                   "constants", "functions")}),
                                   indent=1),
@@ -196,6 +205,12 @@ def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
                 texts[os.path.relpath(path, out)] = read(path)
             except UnicodeDecodeError:
                 continue  # a picture
+    ids = {q["id"] for q in written.questions(exercises)}
+    given, _ = written.parse(texts.get(written.FORM, ""), ids)
+    if set(given) != ids or any(answer for lines in given.values() for _, answer in lines):
+        problems.append(f"{written.FORM} is not this set's blank form")
+    if "\nQUESTIONS = ()  # left out" not in texts.get("course/written.py", ""):
+        problems.append("course/written.py holds the written answers")
     for name, text in texts.items():
         for line, function in solution.items():
             if line in text:

@@ -1,6 +1,7 @@
 """What a grade says: one line per exercise, the failing tests with the student's file and line,
 and Gradescope's results.json. The same rows make all three."""
 
+from . import written as written_part
 from .exercises import EXERCISES
 from .grading import blocker
 
@@ -69,15 +70,17 @@ def flag_lines(flags: list) -> list:
     return [f"FLAGGED for the instructor: {flag}" for flag in flags]
 
 
-def gradescope(rows: list, flags=()) -> dict:
-    """Gradescope's results.json: one entry per exercise."""
+def gradescope(rows: list, flags=(), written=None) -> dict:
+    """Gradescope's results.json: one entry per exercise, then the written form's (`written`:
+    its rows and problems, course/written.py)."""
     tests = []
     for row in rows:
         output = [f"{row['passed']}/{row['total']} tests passed"] + notes(row) + details(row)
         tests.append(dict(name=f"exercise {row['k']}: {EXERCISES[row['k']][0]}",
                           score=row["points"], max_score=row["max"], visibility="visible",
                           output="\n".join(output)))
-    out = dict(score=round(sum(t["score"] for t in tests), 2), tests=tests)
+    tests += written_part.gradescope_tests(*written) if written else []
+    out = dict(score=round(sum(t.get("score", 0) for t in tests), 2), tests=tests)
     if flags:
         out["output"] = "\n".join(flag_lines(flags))
     return out

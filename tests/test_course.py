@@ -300,6 +300,11 @@ def grade_path(path, out, *extra) -> dict:
 GRADED = {}
 
 
+def code_tests(results: dict) -> list:
+    """Gradescope's tests of the exercises (the written form's follow them)."""
+    return [t for t in results["tests"] if t["name"].startswith("exercise ")]
+
+
 def test_every_attack_gets_no_more_than_the_file_it_was_built_on_from_grade_path(attacks):
     tmp, sources = attacks
     for name, (text, base) in sources.items():
@@ -313,7 +318,7 @@ def test_every_attack_gets_no_more_than_the_file_it_was_built_on_from_grade_path
     text, _ = sources["a memory bomb"]
     (tmp / "a.py").write_text(text)
     got = grade_path(tmp / "a.py", tmp / "a.json", "--set", "grpo")
-    assert all("memory limit" in t["output"] for t in got["tests"]), got
+    assert all("memory limit" in t["output"] for t in code_tests(got)), got
 
 
 def test_a_submitted_course_map_does_not_choose_the_set(tmp_path):
@@ -322,7 +327,7 @@ def test_a_submitted_course_map_does_not_choose_the_set(tmp_path):
     (folder / "tokencredit.py").write_text(BASE)
     (folder / "course_map.json").write_text(json.dumps(dict(set="dapo", exercises=[2])))
     got = grade_path(folder, tmp_path / "out.json")
-    assert [t["name"][:10] for t in got["tests"]] == [f"exercise {k}" for k in EXERCISES]
+    assert [t["name"][:10] for t in code_tests(got)] == [f"exercise {k}" for k in EXERCISES]
     assert "course_map.json" in got["output"]  # and it is flagged
 
 
@@ -391,6 +396,7 @@ def test_the_bundle_carries_no_plants_and_installs_only_what_grading_imports(bun
     assert "course/selfcheck.py" not in files and "course/handout.py" not in files
     text = (root / "source" / "course" / "exercises.py").read_text()
     assert "MISTAKES = ()" in text and "sign flip" not in text
+    assert "QUESTIONS = ()" not in (root / "source" / "course" / "written.py").read_text()
     setup = (root / "source" / "setup.sh").read_text()
     assert "download.pytorch.org/whl/cpu" in setup and "transformers" not in setup
     assert "useradd" in setup and "chmod -R go-rwx" in setup
@@ -401,7 +407,7 @@ def test_every_attack_gets_no_more_than_its_base_from_the_bundle(bundle, attacks
     tmp, root, _ = bundle
     _, sources = attacks
     blank = run_bundle(root, BASE)
-    assert blank["score"] == 0 and len(blank["tests"]) == 3
+    assert blank["score"] == 0 and len(code_tests(blank)) == 3
     assert sum("not written yet" in t["output"] for t in blank["tests"]) == 3
     assert len(json.dumps(blank)) < 6000  # one line per blank function, not a traceback each
     assert run_bundle(root, REFERENCE)["score"] == 30
@@ -435,7 +441,7 @@ def test_grade_path_grade_all_and_the_bundle_give_one_score(bundle, tmp_path):
                            "--set", "grpo"),
                 json.loads((tmp_path / "gs" / name / "results.json").read_text()),
                 run_bundle(root, text)]
-        said = [[(t["score"], t["output"].splitlines()[0]) for t in way["tests"]]
+        said = [[(t.get("score"), t["output"].splitlines()[0]) for t in way["tests"]]
                 for way in ways]
         assert said[0] == said[1] == said[2], (name, said)
 

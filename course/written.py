@@ -1,0 +1,356 @@
+"""The written part: the sheet's pencil and lab questions as one plain-text answer form per set
+(written.txt), handed in beside tokencredit.py, and its grade.
+
+QUESTIONS is the instructor's table, one row per answer, in the form's order. A row whose
+`expected` is a number is graded automatically: right when |answer - expected| <= max(abs,
+rel * |expected|), else 0. A row whose `expected` is a text is the rubric of an answer graded by
+hand: the CSV leaves its score empty for the TA. A set's form holds the rows of its exercises (a
+lab question sits with the exercise it builds on). Every number is an answer of docs/course.md;
+tests/test_written.py recomputes the pencil ones with tokencredit.py.
+
+The form is data: the grader reads it as text (at most 64 KB), before the student's code runs,
+and never imports or runs it. A handout carries this file without QUESTIONS; a Gradescope bundle
+carries it whole, readable by root alone.
+"""
+
+import os
+import re
+import stat
+import textwrap
+
+from .exercises import EXERCISES
+
+FORM = "written.txt"
+NO_FORM = f"no {FORM} handed in"
+MAX_BYTES = 1 << 16
+VISIBILITY = "after_due_date"  # Gradescope shows the written points after the due date
+
+QUESTIONS = (  # id, exercise, points, expected (a number; a text: the rubric), abs, rel, question
+    ("1.std", 1, 1, 0.866, 0.01, 0,
+     'Pencil. One group, rewards [1, 1, 0, 0]: A of an answer with reward 1, scale="std".'),
+    ("1.none", 1, 1, 0.5, 0.01, 0, 'The same, scale="none".'),
+    ("1.loo", 1, 1, 0.667, 0.01, 0, 'The same, scale="none", baseline="leave_one_out".'),
+    ("lab4.sampled", 1, 1, 0.003, 0.05, 0,
+     "Lab question 4. The sign flipped in group_advantages: the sampled accuracy after, in the "
+     "last line of train_tiny.py --quick."),
+    ("lab4.what", 1, 2,
+     "1 point: the policy learns to be wrong: the batch's reward falls (0.63 at update 1 to 0.02 "
+     "at update 7) and the accuracy to about 0. 1 point: the answers grow to the 32-token budget, "
+     "because a negated advantage pushes the wrong answers up and an answer cut off at the "
+     "budget is always wrong.", None, None,
+     "What did the progress lines do, and why?"),
+    ("2.rounds", 2, 1, 2, 0, 0,
+     "Pencil. fill_batch(sampler, batch_size=3, max_rounds=5, filter_key=\"correct\") on the "
+     "sheet's 4 groups: the stat rounds."),
+    ("2.seen", 2, 1, 8, 0, 0, "The stat groups_seen."),
+    ("2.informative", 2, 1, 4, 0, 0, "The stat groups_informative."),
+    ("2.kept", 2, 1, 3, 0, 0, "The stat groups_kept."),
+    ("2.full", 2, 1, 1, 0, 0, "The stat full (1 or 0)."),
+    ("2.A", 2, 1, -1.5, 0.01, 0,
+     "Shaped rewards [0, -0.5, 0, 0]: the group normalised advantage (scale=\"std\") of the answer "
+     "at -0.5."),
+    ("2.why", 2, 2,
+     "1 point: by its rewards the group is informative (they are not all equal). 1 point: by the "
+     "verdicts it is not (all four are wrong), and filtering on rewards would give full-size "
+     "credit (A = -1.5 and 0.5) to a few tokens of length, not to being right.", None, None,
+     "Is that all-wrong group informative by its rewards? Why filter on the verdicts?"),
+    ("3.plus", 3, 1, 0, 0.01, 0,
+     "Pencil. eps_low = eps_high = 0.2, rho = 1.25: d loss / d rho for A = +1."),
+    ("3.minus", 3, 1, 1, 0.01, 0, "The same for A = -1."),
+    ("3.higher", 3, 1, -1, 0.01, 0, "A = +1 with Clip-Higher (eps_high = 0.28)."),
+    ("4.k3", 4, 1, 0.1065, 0.001, 0, "Pencil. k3 for logp = -1.0, ref_logp = -1.5."),
+    ("4.swapped", 4, 1, 0.1487, 0.001, 0, "k3 for the swapped pair."),
+    ("5.w.sample", 5, 1, 5.0e-3, 0, 0.01,
+     'Pencil. Two answers of 100 and 1000 tokens (N = 2): the weight of one token of the short '
+     'answer under "sample".'),
+    ("5.w.token", 5, 1, 9.09e-4, 0, 0.01, 'The same under "token".'),
+    ("5.w.constant", 5, 1, 5.0e-4, 0, 0.01, 'The same under "constant", max_len = 1000.'),
+    ("5.long.sample", 5, 1, 0.5, 0.01, 0,
+     'The loss weight of the long answer in all (sum_t w_t) under "sample".'),
+    ("5.long.token", 5, 1, 0.909, 0.01, 0, 'The same under "token".'),
+    ("5.long.constant", 5, 1, 0.5, 0.01, 0, 'The same under "constant".'),
+    ("lab1.predicted", 5, 1, 2.67, 0.01, 0,
+     "Lab question 1. The ratio sample/token of the short wrong answers' per-token change, "
+     "predicted from their mean length alone."),
+    ("lab1.sample", 5, 1, -4.99, 0.005, 0,
+     'The measured mean change of log pi per token (x 1e-3) of the short wrong answers under '
+     '"sample".'),
+    ("lab1.token", 5, 1, -1.46, 0.005, 0, 'The same under "token".'),
+    ("lab1.median", 5, 1, 4.00, 0.005, 0,
+     "The measured median ratio sample/token per answer, short wrong answers."),
+    ("lab1.long", 5, 1, 0.54, 0.005, 0, "The same for the long wrong answers."),
+    ("lab5.why", 5, 2,
+     "1 point: the numbers can differ: the one-step table, the diagnosis and the accuracy measure "
+     "a starting policy whose warm-up depends on the machine's order of floating-point additions. "
+     "1 point: the conclusions must not: \"sample\" pushes the short wrong answers harder than "
+     "\"token\", the same token classes fall below 1, and the accuracy after meets the learning "
+     "check's target.", None, None,
+     "Lab question 5. Which numbers can differ from ours, and which conclusions must not?"),
+    ("lab6.mean", 5, 1, -0.54, 0.005, 0,
+     "Lab question 6. The mean difference token - sample of the wrong answers' length over the "
+     "run (updates 1-60)."),
+    ("lab6.seeds", 5, 1, 10, 0, 0, "In how many of the ten seeds is it negative?"),
+    ("lab6.why", 5, 2,
+     "1 point: the two runs of a seed share the warm-up, the problems and the first batch, so "
+     "their difference is free of most of what a seed changes. 1 point: across seeds the wrong "
+     "answers' length varies about as much as the effect (a std of 0.4 tokens), so two means "
+     "over seeds can miss it.", None, None,
+     "Why does a difference within each seed show what two means over seeds may not?"),
+    ("6.ratio1", 6, 1, 1.350, 0.01, 0,
+     "Pencil. logp - old_logp = [0.3, -0.1, 0.1], then padding: the first token's ratio."),
+    ("6.s", 6, 1, 1.105, 0.01, 0, "s_i."),
+    ("6.tokens", 6, 1, 0, 0, 0,
+     "With GSPO's clip (eps_low = 3e-4, eps_high = 4e-4) and A = +1: how many of its tokens "
+     "still get a gradient?"),
+    ("lab2.gspo", 6, 1, -4.99, 0.005, 0,
+     "Lab question 2. The gspo column of the one-step table for the short wrong answers."),
+    ("lab2.why", 6, 2,
+     "1 point: yes, GSPO's first step equals \"sample\"'s. 1 point: at rho = 1, s_i = 1 and "
+     "d s_i / d logp_{i,t} = 1/|o_i|, the weight of \"sample\"; they differ once the ratio moves.",
+     None, None, "Does GSPO's first step equal GRPO's, and why?"),
+    ("7.w1", 7, 1, 1.318, 0.01, 0,
+     "Pencil. A = -1, d+ = [0.0, 0.5, -0.2], d- = [0.0, -0.1, 0.4], alpha = 1, tau = 0: w~ of "
+     "the first token."),
+    ("7.w2", 7, 1, 0.799, 0.01, 0, "w~ of the second token."),
+    ("7.w3", 7, 1, 0.883, 0.01, 0, "w~ of the third token."),
+    ("7.sum", 7, 1, -3, 0.01, 0, "The sum of the token advantages."),
+    ("lab3.intermediate", 7, 1, 0.953, 0.005, 0,
+     "Lab question 3. The mean CSCR weight (strength 1) of the intermediate digits."),
+    ("lab3.format", 7, 1, 0.997, 0.005, 0, "The same of the format tokens."),
+    ("lab3.operator", 7, 1, 1.080, 0.005, 0, "The same of the operators."),
+    ("lab3.answer", 7, 1, 1.044, 0.005, 0, "The same of the answer digits."),
+    ("8.kept", 8, 1, 2, 0, 0,
+     "Pencil. The sheet's entropies, top_fraction = 0.2: how many tokens are kept?"),
+    ("8.threshold", 8, 1, 1.38, 0.01, 0, "The threshold, the 0.8 quantile of the real tokens."),
+)
+HEADER = """\
+# {form}: your written answers to docs/course.md, set {set_name}. Hand it in beside your
+# tokencredit.py. One answer per line, after its id and a colon, as in `1.std: -0.25`.
+# A question that asks for a number takes a plain number (0.5, -1.25, 5e-4) and nothing else
+# on its line: no fraction, no unit, no comment. The others take one line of text, graded by
+# hand. Lines that start with # are comments. Keep the ids as they are.
+"""
+LINE = re.compile(r"\s*([A-Za-z0-9][\w.-]*)\s*:(.*)")
+
+
+def questions(exercises, table=None) -> list:
+    """The rows of these exercises, in the table's order, as dicts (`number`: graded here)."""
+    keys = ("id", "k", "points", "expected", "abs", "rel", "question")
+    rows = [dict(zip(keys, row), number=not isinstance(row[3], str), fields=len(row))
+            for row in (QUESTIONS if table is None else table)]
+    for q in rows:
+        fits = q.pop("fields") == len(keys) and LINE.fullmatch(f"{q['id']}:") and \
+            q["k"] in EXERCISES and q["points"] > 0
+        if not fits or q["number"] and not (q["abs"] >= 0 and q["rel"] >= 0):
+            raise ValueError(f"course/written.py: a row of QUESTIONS should hold an id (letters, "
+                             f"digits, '.', '_', '-'), an exercise of 1-{len(EXERCISES)}, points "
+                             f"> 0, and a number with abs, rel >= 0 or a rubric; got {q}")
+    ids = [q["id"] for q in rows]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"course/written.py: each row of QUESTIONS should have an id of its own; "
+                         f"got {sorted({i for i in ids if ids.count(i) > 1})} twice")
+    return [q for q in rows if q["k"] in exercises]
+
+
+def public(exercises) -> list:
+    """What a handout keeps of the table, to read its form: no value, no rubric, no question."""
+    return [[q["id"], q["k"], q["points"], None if q["number"] else "", 0, 0, ""]
+            for q in questions(exercises)]
+
+
+def tolerance(q) -> str:
+    """How close a number must come: "to within ±0.01", "to within ±1 %", or "exactly"."""
+    parts = ([f"±{q['abs']:g}"] if q["abs"] else []) + ([f"±{q['rel'] * 100:g} %"] if q["rel"]
+                                                         else [])
+    return "to within " + " or ".join(parts) if parts else "exactly"
+
+
+def blank_form(set_name: str, exercises) -> str:
+    """The form a handout carries: each question as a comment, then its id and no answer."""
+    out, k = [HEADER.format(form=FORM, set_name=set_name)], None
+    for q in questions(exercises):
+        if q["k"] != k:
+            k = q["k"]
+            out.append(f"\n## Exercise {k}: {EXERCISES[k][0]}\n")
+        kind = f"a number, {tolerance(q)}" if q["number"] else "a line of text, graded by hand"
+        said = f"({kind}; {q['points']:g} point{'s' * (q['points'] != 1)}) {q['question']}"
+        out.append("\n" + textwrap.fill(said, 98, initial_indent="# ", subsequent_indent="# ")
+                   + f"\n{q['id']}:\n")
+    return "".join(out)
+
+
+def read_form(path: str) -> tuple:
+    """(the form's text, None), or (None, why not). Never follows a link; reads 64 KB at most."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return None, f"{FORM} is not a plain file: 0 written points"
+        if info.st_size > MAX_BYTES:
+            return None, f"{FORM} holds {info.st_size} bytes, over {MAX_BYTES}: not read"
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(MAX_BYTES), None
+    except FileNotFoundError:
+        return None, NO_FORM
+    except OSError as error:
+        return None, f"{FORM} could not be read ({error.strerror})"
+
+
+def form_of(path: str) -> tuple:
+    """The form handed in with a submission: a folder's shallowest written.txt, or the one beside
+    a file. Read before the submission's code runs."""
+    if not os.path.isdir(path):
+        return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
+    found = sorted((os.path.join(root, FORM) for root, folders, names in os.walk(path)
+                    if FORM in names + folders), key=lambda p: (p.count(os.sep), p))
+    return read_form(found[0]) if found else (None, NO_FORM)
+
+
+def parse(text: str, ids) -> tuple:
+    """({id: [(line, answer), ...]}, [what could not be read]). Plain string work, nothing run."""
+    answers, problems = {}, []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        found = LINE.fullmatch(line)
+        if not found:
+            problems.append(f"line {n} is not `id: answer`: {line.strip()[:60]!r}, ignored")
+        elif found.group(1) not in ids:
+            problems.append(f"line {n}: no question {found.group(1)!r} in this form, ignored")
+        else:
+            answers.setdefault(found.group(1), []).append((n, found.group(2).strip()))
+    return answers, problems
+
+
+def number(answer: str):
+    try:
+        x = float(answer)
+    except ValueError:
+        return None
+    return x if x - x == 0 else None  # not nan, not inf
+
+
+def grade(form: tuple, exercises, table=None) -> tuple:
+    """(one row per question of these exercises, the form's problems). A row: `points` (None:
+    by hand), `read` (an answer of the right form), `said` (what the student is told, never the
+    expected value) and `expected` (the instructor's). With a handout's table (no values) a
+    number is only read."""
+    text, why = form
+    rows, qs = [], questions(exercises, table)
+    answers, problems = parse(text or "", {q["id"] for q in qs})
+    problems += [why] if text is None else []
+    for q in qs:
+        given = answers.get(q["id"], [])
+        answer = given[0][1] if len(given) == 1 else ""
+        row = dict(id=q["id"], k=q["k"], max=q["points"], number=q["number"], answer=answer,
+                   points=0.0, read=False, right=False, expected=q["expected"] if not q["number"]
+                   else None if q["expected"] is None else f"{q['expected']:g} {tolerance(q)}")
+        if text is None:
+            row["said"] = why
+        elif len(given) > 1:
+            row["said"] = f"answered on {len(given)} lines " \
+                          f"({', '.join(str(n) for n, _ in given)}): write it once"
+        elif not answer:
+            row["said"] = f"missing: write {'a number' if q['number'] else 'a line of text'} " \
+                          f"after `{q['id']}:`"
+        elif q["number"] and number(answer) is None:
+            row["said"] = f"{answer[:40]!r} is not a number (write one such as 0.5, -1.25, 5e-4)"
+        elif not q["number"]:
+            row.update(read=True, points=None, said=f"received: {q['points']:g} points, graded "
+                       "by hand")
+        elif q["expected"] is None:
+            row.update(read=True, said="read")
+        else:
+            gap = abs(number(answer) - q["expected"])
+            right = gap <= max(q["abs"], q["rel"] * abs(q["expected"]))
+            row.update(read=True, right=right, points=float(q["points"]) if right else 0.0,
+                       said=f"right ({tolerance(q)})" if right else
+                       f"wrong: {answer[:40]} is not the expected value ({tolerance(q)})")
+        rows.append(row)
+    return rows, problems
+
+
+def notes(rows: list, problems: list, instructor: bool) -> list:
+    """The answers missing, in one line; each answer that could not be read; the instructor's
+    also each number that is wrong, with what was expected."""
+    missing = [r["id"] for r in rows if r["said"].startswith("missing")]
+    out = [f"missing (no answer after the id): {', '.join(missing)}"] if missing else []
+    for r in rows:
+        if r["id"] in missing or r["said"] in problems or r["read"] and not (
+                instructor and r["number"] and not r["right"]):
+            continue
+        out.append(f"{r['id']}: {r['said']}"
+                   + (f" [expected {r['expected']}]" if instructor and r["number"] else ""))
+    return out + problems
+
+
+def lines(rows: list, problems: list, instructor: bool) -> list:
+    """What `grade` prints. The instructor's: the points, each number not right with what was
+    expected, the answers to grade by hand. A handout's (no values): what could not be read."""
+    if not rows:
+        return []
+    if not instructor:
+        return [f"written ({FORM}): {sum(r['read'] for r in rows)} of {len(rows)} answers read; "
+                "your instructor grades them"] + [f"    {n}" for n in notes(rows, problems, False)]
+    auto, hand = [r for r in rows if r["number"]], [r for r in rows if not r["number"]]
+    return ([f"written ({FORM}): {sum(r['points'] for r in auto):g}/"
+             f"{sum(r['max'] for r in auto):g} points for numbers; {len(hand)} answers to grade "
+             f"by hand ({sum(r['max'] for r in hand):g} points)"]
+            + [f"    {n}" for n in notes(rows, problems, True)]
+            + [f"    {r['id']}, by hand ({r['max']:g} points): {r['answer'][:70]!r}"
+               for r in hand if r["read"]])
+
+
+def gradescope_tests(rows: list, problems: list) -> list:
+    """Gradescope's tests: the form, shown at once and worth nothing (what could not be read);
+    then each exercise's answers, shown after the due date: right or wrong with the tolerance,
+    never the expected value; the answers for the TA are listed, without points."""
+    if not rows:
+        return []
+    out = [dict(name=f"{FORM}: the form", visibility="visible", output="\n".join(
+        [f"{sum(r['read'] for r in rows)} of {len(rows)} answers read; whether they are right "
+         "shows after the due date"] + notes(rows, problems, False)))]
+    for k in sorted({r["k"] for r in rows}):
+        mine = [r for r in rows if r["k"] == k]
+        alike = {r["said"] for r in mine} <= set(problems)  # no form: say it once
+        test = dict(name=f"written answers, exercise {k}", visibility=VISIBILITY,
+                    output="\n".join(sorted({r["said"] for r in mine}) if alike else
+                                     [f"{r['id']}: {r['said']}" for r in mine]))
+        numbers = [r for r in mine if r["number"]]
+        if numbers:
+            test.update(score=sum(r["points"] for r in numbers),
+                        max_score=sum(r["max"] for r in numbers))
+        out.append(test)
+    return out
+
+
+def csv_header(exercises) -> list:
+    out = ["written", "written max", "by hand max"]
+    for q in questions(exercises):
+        out += [q["id"]] if q["number"] else [f"{q['id']} by hand", f"{q['id']} answer"]
+    return out + ["written notes"]
+
+
+def csv_cells(rows: list, problems: list) -> list:
+    """The written columns: the numbers' points, an empty cell for each answer the TA grades
+    (0 when there is none), the answers, and what was expected where a number is not right."""
+    auto = [r for r in rows if r["number"]]
+    out = [f"{sum(r['points'] for r in auto):.2f}", f"{sum(r['max'] for r in auto):g}",
+           f"{sum(r['max'] for r in rows if not r['number']):g}"]
+    for r in rows:
+        cell = "" if r["points"] is None else f"{r['points']:g}"
+        answer = "'" + r["answer"] if r["answer"][:1] in ("=", "+", "-", "@") else r["answer"]
+        out += [cell] if r["number"] else [cell, answer]
+    return out + ["; ".join(notes(rows, problems, True))]
+
+
+def answers_block() -> str:
+    """The table for the instructor's answers file: expected values, tolerances, rubrics."""
+    out = [f"\n## The written form ({FORM}), for instructors\n\nEach answer's expected value "
+           "and tolerance (graded automatically) or rubric (graded by hand), from QUESTIONS in "
+           "course/written.py:\n"]
+    for q in questions(EXERCISES):
+        head = f"- `{q['id']}` (exercise {q['k']}, {q['points']:g} point" \
+               f"{'s' * (q['points'] != 1)})"
+        out.append(f"{head}: {q['expected']:g} {tolerance(q)}" if q["number"] else
+                   f"{head}, by hand. Rubric: {q['expected']}")
+    return "\n".join(out) + "\n"
