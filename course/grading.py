@@ -468,9 +468,12 @@ def not_written(source: str, names) -> list:
     return out
 
 
-def cross_notes(rows: list, mapping: dict) -> None:
-    """In a handout: a failing test of k that uses another exercise j that also fails says so."""
-    need, failing = needs(mapping), {r["k"] for r in rows if r["failed"] or r["blank"]}
+def cross_notes(rows: list, mapping: dict, blank_elsewhere=()) -> None:
+    """In a handout: a failing test of k that uses another exercise j that also fails says so. j
+    fails when its row does, or, when rows are some of the set's exercises (grade -e), when it is
+    in blank_elsewhere: the set's other exercises with a function not written yet."""
+    need = needs(mapping)
+    failing = {r["k"] for r in rows if r["failed"] or r["blank"]} | set(blank_elsewhere)
     for row in rows:
         for test in row["failed"]:
             others = sorted(j for j in need.get(test, ()) if j != row["k"] and j in failing)
@@ -587,7 +590,8 @@ class Grader:
                                                  for n, ts in self.plan[k]["functions"].items()})
             rows.append(score(plan, k, result, self.mapping["kinds"], self.limits))
         if self.in_order:
-            cross_notes(rows, self.mapping)
+            cross_notes(rows, self.mapping, [j for j in self.exercises if j not in exercises
+                                             and not_written(source, exercise_names(j))])
         return rows
 
     def check_reference(self, results) -> None:

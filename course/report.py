@@ -5,7 +5,7 @@ from . import written as written_part
 from .exercises import EXERCISES
 from .grading import blocker
 
-SHOWN = 12  # failing tests listed per exercise
+SHOWN = 12  # failing tests, and waiting tests, listed per exercise
 
 
 def notes(row: dict) -> list:
@@ -49,6 +49,8 @@ def details(row: dict, shown=SHOWN) -> list:
         lines.append(f"    ... and {len(listed) - shown} more failed tests")
     for test, j in list(row["waiting"].items())[:shown]:
         lines.append(f"    {test}: waiting on exercise {j}")
+    if len(row["waiting"]) > shown:
+        lines.append(f"    ... and {len(row['waiting']) - shown} more waiting tests")
     return lines
 
 

@@ -32,7 +32,7 @@ QUESTIONS = (  # id, exercise, points, expected (a number; a text: the rubric), 
     ("1.loo", 1, 1, 0.667, 0.01, 0, 'The same, scale="none", baseline="leave_one_out".'),
     ("lab4.sampled", 1, 1, 0.003, 0.05, 0,
      "Lab question 4. The sign flipped in group_advantages: the sampled accuracy after, in the "
-     "last line of train_tiny.py --quick."),
+     "last line of train_tiny.py --quick --impl flipped.py --name flipped."),
     ("lab4.what", 1, 2,
      "1 point: the policy learns to be wrong: the batch's reward falls (0.63 at update 1 to 0.02 "
      "at update 7) and the accuracy to about 0. 1 point: the answers grow to the 32-token budget, "

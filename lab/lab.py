@@ -154,6 +154,11 @@ def compact(x):
     return x
 
 
+def number(x) -> float:
+    """A stored value as a number: None (a NaN, compacted) back to NaN, which prints as nan."""
+    return float("nan") if x is None else x
+
+
 def mean_of(values: List) -> float:
     values = [v for v in values if v is not None]  # None: no such rollout in that batch
     return sum(values) / len(values) if values else float("nan")
@@ -174,7 +179,7 @@ def summarise_run(run: dict, start: dict) -> dict:
 
     def over(key, updates):
         return mean_of([u[key][i] for i in updates])
-    return dict({k: final[k] for k in EVAL_KEYS}, entropy=over("entropy", trained[-5:]),
+    return dict({k: number(final[k]) for k in EVAL_KEYS}, entropy=over("entropy", trained[-5:]),
                 truncated_first10=over("truncated_frac", trained[:10]),
                 truncated_last10=over("truncated_frac", trained[-10:]),
                 length_wrong_last10=over("length_wrong", trained[-10:]))
@@ -208,7 +213,7 @@ def format_row(label: str, e: dict) -> str:
 
 def format_results(run: dict) -> str:
     """Does RL fix the warm-up's mistakes? One row per method, mean +- std over seeds."""
-    c, s = run["config"], run["start"]
+    c, s = run["config"], {k: number(v) for k, v in run["start"].items()}
     seeds = sorted({r["seed"] for r in run["runs"]})
     lines = [f"held-out accuracy after {c['steps']} policy updates ({c['eval_size']} problems; "
              f"greedy, and the mean of {c['eval_samples']} samples at temperature "
@@ -357,7 +362,9 @@ def report(argv: List[str]) -> dict:
     runs, printed = {run["name"]: run for run in map(load_run, paths)}, []
 
     def show(text):  # a table once, however many runs share it (the same warm-up, say)
-        if text not in printed:
+        if text in printed and "\n" in text:  # its title, that the run has it too
+            print(f"\n{text.splitlines()[0]}\n(the same table as above)")
+        else:
             printed.append(text)
             print("\n" + text)
     for name, run in runs.items():

@@ -117,6 +117,29 @@ def test_points_weigh_the_mistake():
     assert limited["points"] == 0 and "memory limit" in limited["error"]
 
 
+def test_a_failing_test_through_a_blank_exercise_not_graded_here_says_so():
+    """grade -e 2 in a dapo handout: exercise 1 is not graded, but blank, and the failing test
+    goes through it; the test that uses exercise 2 alone gets no note."""
+    mapping = dict(fails={"overlong_penalty": ["t_door"], "_clipped_surrogate": ["t_door"],
+                          "informative_groups": ["t_door", "t_own"]})
+    row = dict(k=2, failed={"t_door": "NotImplementedError: exercise 1: overlong_penalty",
+                            "t_own": "AssertionError"}, blank=[], waiting={}, notes=[])
+    grading.cross_notes([row], mapping)  # nothing says exercise 1 fails: no note
+    assert "may_come_from" not in row
+    grading.cross_notes([row], mapping, [1, 3])
+    assert row["may_come_from"] == {"t_door": [1, 3]}
+    assert report.notes(row) == ["1 failing test may come from exercise 1, 3; the official grade "
+                                 "grades 2 alone"]
+
+
+def test_a_cut_list_of_waiting_tests_says_how_many_it_leaves_out():
+    row = dict(k=3, failed={}, per_function={}, waiting={f"t{i}": 5 for i in range(14)})
+    lines = report.details(row, shown=12)
+    assert lines[-2:] == ["    t11: waiting on exercise 5", "    ... and 2 more waiting tests"]
+    assert report.details(dict(row, waiting={"t0": 5}), shown=12) == \
+        ["    t0: waiting on exercise 5"]
+
+
 # -----------------------------------------------------------------------------
 # the attacks of issue 34, as submissions
 

@@ -351,6 +351,35 @@ def test_compare_refuses_runs_it_cannot_pair(tmp_path):
     assert lab.pair_up(base, side("token", loss_mode="token")) == ([0, 1], {"loss_mode": ("sample", "token")})
 
 
+def test_the_report_prints_nan_where_no_held_out_problem_meets_the_misconception(tmp_path, capsys):
+    """A held-out set too small to draw such a problem (--eval-size 4) has NaN accuracy there,
+    stored as None; the report prints it as it prints any NaN, never a TypeError."""
+    series = {s: [0.1] * 12 for s in (0, 1)}
+    run = fake_run("few", [0, 1], series, {s: [20.0] * 12 for s in (0, 1)}, {0: 0.5, 1: 0.75})
+    for evals in [run["start"]] + [r["evals"]["12"] for r in run["runs"]]:
+        evals.update(accuracy_misconception=None, sampled_accuracy_misconception=None)
+    with open(tmp_path / "few.json", "w") as f:
+        json.dump(run, f)
+    lab.report([str(tmp_path / "few.json")])
+    out = capsys.readouterr().out
+    assert "from 0.900 greedy (nan where the misconception applies) and 0.400 sampled (nan):" in out
+    assert "| grpo | 0.900 +- 0.000 | 0.625 +- 0.177 | nan +- nan | 20.0 +- 0.0 | 0.100 -> 0.100 " \
+           "| 20.0 +- 0.0 | 0.500 |" in out  # sampled: (0.5 + 0.75) / 2, std 0.25 / sqrt(2)
+
+
+def test_the_report_names_a_table_it_does_not_print_again(tmp_path, capsys):
+    """Two runs with the same results table (here: the same numbers): the second run's section
+    gives its title and says it is the same, so that a reader does not think it missing."""
+    series = {0: [0.1] * 12}
+    for name in ("ours", "mine"):
+        with open(tmp_path / f"{name}.json", "w") as f:
+            json.dump(fake_run(name, [0], series, series, {0: 0.5}), f)
+    lab.report([str(tmp_path / "ours.json"), str(tmp_path / "mine.json")])
+    mine = capsys.readouterr().out.split("## mine\n")[1].split("\n")
+    assert mine[1].startswith("held-out accuracy after 12 policy updates") and \
+        mine[2] == "(the same table as above)" and mine[4].startswith("rollout statistics")
+
+
 # -----------------------------------------------------------------------------
 # the command line and whole runs
 
