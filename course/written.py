@@ -236,7 +236,7 @@ def grade(form: tuple, exercises, table=None) -> tuple:
     number is only read."""
     text, why = form
     rows, qs = [], questions(exercises, table)
-    answers, problems = parse(text or "", {q["id"] for q in qs})
+    answers, problems = parse(text or "", {q["id"] for q in questions(EXERCISES, table)})
     problems += [why] if text is None else []
     for q in qs:
         given = answers.get(q["id"], [])

@@ -215,6 +215,8 @@ def test_missing_garbled_and_odd_forms_give_0_and_a_line_never_a_crash(tmp_path)
     assert problems == ["line 8 is not `id: answer`: '1.std 0.866', ignored",
                         "line 9: no question '9.nine' in this form, ignored"]
     assert numbers(rows) == 0
+    rows, problems = written.grade(("1.std: 0.866\n3.plus: 0\n", ""), [3])  # grade -e 3
+    assert [r["k"] for r in rows] == [3] * len(rows) and problems == []  # 1.std: not unknown
 
 
 # -----------------------------------------------------------------------------
