@@ -533,7 +533,8 @@ def _check_inputs(g: dict, **rules) -> Optional[torch.Tensor]:
         else:  # one of the options
             ok, expected = type(x) is type(rule[0]) and x in rule, f"one of {rule}"
         _check_that(ok, name, f"be {expected}", got)
-    mask = g["mask"] != 0 if "mask" in g else None
+    mask = g.get("mask")
+    mask = mask if mask is None or mask.dtype == torch.bool else mask != 0
     _check_values(g, mask, _VALUES)
     return mask
 
@@ -544,7 +545,7 @@ def _check_values(g: dict, mask: Optional[torch.Tensor], rules: dict) -> None:
         if name in rules and x is not None and x.dtype != torch.bool:
             (what, test), real = rules[name], x.dim() > 1 and name != "mask" and mask is not None
             bad = ~test(x, g) & (mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else True)
-            at = [tuple(i.tolist()) for i in bad.nonzero()[:1]]  # the first bad value
+            at = [tuple(i.tolist()) for i in bad.nonzero()[:1]] if bad.any() else []  # the first
             _check_that(not at, name, f"be {what}" + " on real tokens" * real,
                         at and f"{x[at[0]].item()} at index {at[0]}")
 
