@@ -118,6 +118,10 @@ def students_of(folder: str) -> list:
 
 def cmd_grade_all(args) -> None:
     started = time.monotonic()
+    if args.set is None and not any(os.path.exists(os.path.join(ROOT, f))
+                                    for f in (MAP_FILE, BUNDLE_FILE)):
+        raise SystemExit("course: grade-all needs --set (grpo, dapo, cscr or all): a class's "
+                         "files hold the reference's code outside their set, which would score")
     where = setting(args.set, args.seed)
     if where["reference"] is None:
         raise SystemExit("course: grade a class from the repository (or a bundle), not from a "
@@ -240,7 +244,8 @@ def main(argv=None) -> None:
     class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
     class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/ (with "
                         "written.txt)")
-    class_.add_argument("--set", choices=SETS, help="which exercises (default all)")
+    class_.add_argument("--set", choices=SETS, help="which exercises (needed in the repository; "
+                        "a handout or a bundle knows its own)")
     class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
     class_.add_argument("--gradescope-dir", metavar="OUT",
                         help="also write OUT/STUDENT/results.json")

@@ -19,7 +19,7 @@ from .grading import (BUNDLE_FILE, HERE, HIDDEN, ROOT, TESTS, Grader, fresh_seed
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
            "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
-REQUIREMENTS = "numpy\npytest\n"  # and torch, from the CPU index (setup.sh)
+REQUIREMENTS = "numpy>=1.24,<3\npytest>=8,<10\n"  # requirements.txt's ranges; torch: setup.sh
 TORCH = "torch>=2.4,<3"
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, in /autograder/source, when it builds the autograder's image.
@@ -38,7 +38,7 @@ chmod -R go-rwx "$(pwd)"
 RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for each submission: the grade goes to /autograder/results/results.json.
 # AUTOGRADER_ROOT and PYTHON override /autograder and python3 (to run it on your own machine).
-root="${AUTOGRADER_ROOT:-/autograder}"
+root="$(cd "${AUTOGRADER_ROOT:-/autograder}" && pwd)"  # absolute: it is used after the cd
 cd "$root/source"
 exec "${PYTHON:-python3}" -m course autograde --root "$root"
 """
@@ -105,7 +105,7 @@ def cmd_gradescope(out: str, set_name: str, seed, user: str, limits: dict) -> No
             z.writestr(info, text)
     print(f"wrote {out}: a Gradescope autograder for set {set_name} (exercises "
           f"{', '.join(map(str, SETS[set_name]))}), fresh inputs from seed {seed}; students "
-          f"submit their tokencredit.py")
+          f"submit their tokencredit.py and written.txt")
 
 
 def cmd_autograde(root: str) -> None:

@@ -407,9 +407,9 @@ def run_bundle(root, text) -> dict:
             p.unlink()
     sub.mkdir(exist_ok=True)
     (sub / "tokencredit.py").write_text(text)
-    env = dict(os.environ, AUTOGRADER_ROOT=str(root), PYTHON=PY)
+    env = dict(os.environ, AUTOGRADER_ROOT=root.name, PYTHON=PY)  # relative, as a user may give
     done = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          cwd=root.parent, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads((root / "results" / "results.json").read_text())
 
@@ -423,7 +423,8 @@ def test_the_bundle_carries_no_plants_and_installs_only_what_grading_imports(bun
     setup = (root / "source" / "setup.sh").read_text()
     assert "download.pytorch.org/whl/cpu" in setup and "transformers" not in setup
     assert "useradd" in setup and "chmod -R go-rwx" in setup
-    assert (root / "source" / "requirements.txt").read_text().split() == ["numpy", "pytest"]
+    assert (root / "source" / "requirements.txt").read_text().split() == ["numpy>=1.24,<3",
+                                                                          "pytest>=8,<10"]
 
 
 def test_every_attack_gets_no_more_than_its_base_from_the_bundle(bundle, attacks):
@@ -537,3 +538,17 @@ def test_the_sheet_prints_the_points_table():
     for k, (title, points) in EXERCISES.items():
         assert f"| {k} {title} | " + ", ".join(f"`{n}` {p}" for n, p in points.items()) + " |" \
             in sheet
+
+
+def test_the_reference_copied_is_said_and_grade_all_needs_a_set(tmp_path):
+    """A copy of the public reference gets its marks, and a line for the instructor; a class is
+    never graded on the set 'all' by default (its files hold the reference outside their set)."""
+    (tmp_path / "copy.py").write_text(REFERENCE)
+    done = subprocess.run([PY, "-m", "course", "grade", str(tmp_path / "copy.py"), "--set", "grpo"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "total 30.0/30 points" in done.stdout, done.stderr
+    assert done.stdout.count(grading.SAME_NOTE) == 3  # exercises 1, 3 and 5
+    (tmp_path / "class").mkdir()
+    done = subprocess.run([PY, "-m", "course", "grade-all", str(tmp_path / "class")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "grade-all needs --set" in done.stderr
