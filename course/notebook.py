@@ -73,7 +73,7 @@ else:
 #
 # Its signature and docstring, as your handout's `tokencredit.py` has them. The sheet's
 # exercise 1 (`docs/course.md` in the handout) gives the equations and a pencil question: answer
-# it on paper first.
+# it in the handout's `written.txt` first (the form you hand in with your code).
 
 # %%
 def signature_and_docstring(path, name):
