@@ -235,8 +235,9 @@ def grade(form: tuple, exercises, table=None) -> tuple:
     expected value) and `expected` (the instructor's). With a handout's table (no values) a
     number is only read."""
     text, why = form
-    rows, qs = [], questions(exercises, table)
-    answers, problems = parse(text or "", {q["id"] for q in questions(EXERCISES, table)})
+    every = questions(EXERCISES, table)  # the form may hold other exercises' answers too
+    rows, qs = [], [q for q in every if q["k"] in exercises]
+    answers, problems = parse(text or "", {q["id"] for q in every})
     problems += [why] if text is None else []
     for q in qs:
         given = answers.get(q["id"], [])

@@ -98,6 +98,12 @@ def doc_pages() -> list:
                             for page in sorted(os.listdir(os.path.join(HERE, "docs"))) if page.endswith(".md")]
 
 
+def quoted(pattern: str) -> tuple:
+    """(the texts of README.md and docs/, the commands they quote: pattern's group, stripped)."""
+    texts = [open(os.path.join(HERE, page)).read() for page in doc_pages()]
+    return texts, {c.strip() for text in texts for c in re.findall(pattern, text)}
+
+
 def tables(text: str) -> list:
     """The markdown tables of text, each as its lines."""
     found, current = [], []
@@ -126,9 +132,9 @@ def test_result_tables_are_what_the_report_prints(capsys):
                 checked += 1
     assert checked >= 6  # README: results, one knob; lab.md: rollouts x 2, diagnosis; onestep.md
     said = set(out.splitlines())  # and the report's own lines that the pages quote in ```
-    quoted = [line for page in pages for block in re.findall(r"^```[^\n]*\n(.*?)^```", open(os.path.join(HERE, page)).read(), re.S | re.M)
-              for line in block.splitlines() if line.startswith(REPORT_LINES)]
-    assert len(quoted) >= 3 and not [line for line in quoted if line not in said], quoted
+    in_blocks = [line for page in pages for block in re.findall(r"^```[^\n]*\n(.*?)^```", open(os.path.join(HERE, page)).read(), re.S | re.M)
+                 for line in block.splitlines() if line.startswith(REPORT_LINES)]
+    assert len(in_blocks) >= 3 and not [line for line in in_blocks if line not in said], in_blocks
 
 
 REPORT_LINES = ("CSCR diagnosis on", "entropy against sensitivity", "credit.png, responses")
@@ -138,10 +144,7 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
     """Every `python -m lab compare ...` command quoted in README.md or docs/ is run on the
     committed results; every paired table of those pages, and every line of theirs that starts
     like a paired table's title, is what one of those commands prints."""
-    pages = doc_pages()
-    texts = [open(os.path.join(HERE, page)).read() for page in pages]
-    commands = {c.strip() for text in texts for c in re.findall(
-        r"python -m lab compare ((?:results/\S+\.json(?::\w+)? ?)+(?:--primary)?)", text)}
+    texts, commands = quoted(r"python -m lab compare ((?:results/\S+\.json(?::\w+)? ?)+(?:--primary)?)")
     out = ""
     for command in sorted(commands):
         plot = [] if "--primary" in command else ["--plot", str(tmp_path / "pair.png")]
@@ -161,10 +164,7 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
 def test_cscr_tables_are_what_lab_sweep_prints(capsys):
     """Every CSCR sweep or claim-4 table of README.md and docs/ is what `python -m lab sweep`
     prints from the committed runs and diagnoses (the command the pages quote, globs and all)."""
-    pages = doc_pages()
-    texts = [open(os.path.join(HERE, page)).read() for page in pages]
-    commands = {c.strip() for text in texts for c in re.findall(
-        r"python -m lab sweep ((?:results/[\w./*-]+ ?)+)", text)}
+    texts, commands = quoted(r"python -m lab sweep ((?:results/[\w./*-]+ ?)+)")
     out = ""
     for command in sorted(commands):
         paths = [p for pattern in command.split() for p in sorted(glob.glob(os.path.join(HERE, pattern)))]
