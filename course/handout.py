@@ -15,7 +15,7 @@ from .source import blank, code_part, functions, kept_statements, snapshot_tests
 
 # what a handout holds: not the other solutions, nor the pages that quote the code
 HANDOUT = ("tokencredit.py", TESTS, HIDDEN, "tests/conftest.py", "train_tiny.py", "tiny_task.py",
-           "lab", "requirements.txt", "constraints.txt", "LICENSE", "docs/course.md",
+           "lab", "requirements.txt", ".ci/constraints.txt", "LICENSE", "docs/course.md",
            "docs/lab.md", "docs/credit.png", "docs/cscr-sweep.png", "results")
 COURSE_FILES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
                 "grading.py", "report.py", "flags.py", "bundle.py", "handout.py")
@@ -50,7 +50,7 @@ The exercise sheet is docs/course.md. Write the functions of your exercises in t
 each keeps its signature, docstring and input checks, and raises NotImplementedError until you
 write its body. The other functions are complete; read them, they use the same helpers.
 
-    pip install -r requirements.txt -c constraints.txt   # Colab: leave out -c, keep its torch
+    pip install -r requirements.txt -c .ci/constraints.txt   # Colab: leave out -c, keep its torch
     python -m course grade           # one line per exercise: tests passed, points
     python -m course grade -e 1      # one exercise, with the failing tests
     python train_tiny.py --quick     # your equations train the tiny model (exercises 1, 3, 5)

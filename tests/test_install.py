@@ -1,5 +1,5 @@
-"""The set-up resolves where classes run: requirements.txt with constraints.txt, for Python 3.10
-(Ubuntu 22.04, Gradescope's image) and 3.13, asked of the package index without installing.
+"""The set-up resolves where classes run: requirements.txt with .ci/constraints.txt, for Python
+3.10 (Ubuntu 22.04, Gradescope's image) and 3.13, asked of the package index without installing.
 
 PyPI's torch is a CUDA build: resolving it downloads it and its CUDA packages (about 1.5 GB for
 each Python, two minutes here). So pip resolves everything but torch, and torch is checked apart:
@@ -17,17 +17,18 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# what each Python must get: the newest releases that support it, as constraints.txt pins them
+# what each Python must get: the newest releases that support it, as .ci/constraints.txt pins them
 EXPECTED = {"3.10": dict(transformers="5.20.2", numpy="2.2.6", matplotlib="3.10.9"),
             "3.13": dict(transformers="5.24.0", numpy="2.4.6", matplotlib="3.11.2")}
 PINNED_TORCH = "2.13.0"
+CONSTRAINTS = os.path.join(ROOT, ".ci", "constraints.txt")
 
 
 def constraints_for(version: str, folder) -> str:
-    """constraints.txt as pip on that Python reads it: pip evaluates a line's marker for the
+    """.ci/constraints.txt as pip on that Python reads it: pip evaluates a line's marker for the
     Python it runs on, not for --python-version, so the lines are chosen here."""
     from packaging.requirements import Requirement
-    kept = [line for line in open(os.path.join(ROOT, "constraints.txt")).read().splitlines()
+    kept = [line for line in open(CONSTRAINTS).read().splitlines()
             if line.strip() and not line.startswith("#")
             and (Requirement(line).marker is None or Requirement(line).marker.evaluate(
                 dict(python_version=version, python_full_version=version + ".0")))]
@@ -69,11 +70,11 @@ def torch_wheels(version: str) -> list:
 
 
 def test_constraints_pin_inside_the_ranges():
-    """Every package requirements.txt names has one pin per Python in constraints.txt, and the
-    pin lies in the range (checked by hand-written rules: floors and caps)."""
+    """Every package requirements.txt names has one pin per Python in .ci/constraints.txt, and
+    the pin lies in the range (checked by hand-written rules: floors and caps)."""
     ranges = dict(re.findall(r"^([\w-]+)(>=.*)$", open(os.path.join(ROOT, "requirements.txt")).read(), re.M))
     pins = re.findall(r'^([\w-]+)==([\d.]+)(?: ; python_version ([<>=]+) "3.11")?$',
-                      open(os.path.join(ROOT, "constraints.txt")).read(), re.M)
+                      open(CONSTRAINTS).read(), re.M)
     assert set(ranges) == {"torch", "transformers", "numpy", "matplotlib", "pytest"}
 
     def key(v):

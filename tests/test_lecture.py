@@ -43,7 +43,7 @@ def test_committed_figures_are_what_the_command_draws_now(drawn):
     assert committed == sorted(FIGURES), "docs/lecture/ holds other files than the figures"
     if matplotlib.__version__ != DRAWN_WITH:  # another matplotlib writes other bytes
         pytest.skip(f"the figures' bytes are matplotlib {DRAWN_WITH}'s; this is "
-                    f"{matplotlib.__version__} (constraints.txt pins {DRAWN_WITH})")
+                    f"{matplotlib.__version__} (.ci/constraints.txt pins {DRAWN_WITH})")
     for name in FIGURES:
         with open(out / name, "rb") as new, open(os.path.join(DOCS, "lecture", name), "rb") as old:
             assert new.read() == old.read(), (
