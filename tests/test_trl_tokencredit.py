@@ -452,6 +452,38 @@ def test_per_token_weights_trl_cannot_express(trainer):
     assert rel_grad > 0.05
 
 
+def one_token(mask, value):  # weights of 1, `value` at the first token of row 0 (a real token)
+    weights = torch.ones(mask.shape)
+    weights[0, 0] = value
+    return weights
+
+
+@pytest.mark.parametrize("bad", [
+    lambda mask: one_token(mask, -0.5),  # negative
+    lambda mask: one_token(mask, float("nan")),
+    lambda mask: one_token(mask, float("inf")),
+    lambda mask: torch.ones(mask.shape[0], 1),  # broadcasts over (N, T): not the mask's shape
+    lambda mask: torch.ones(mask.shape[0], mask.shape[1] + 1),
+    lambda mask: torch.ones(mask.shape).tolist(),  # not a tensor
+], ids=["negative", "nan", "inf", "N-by-1", "N-by-T+1", "list"])
+def test_token_weights_fn_must_return_finite_weights_of_the_masks_shape(trainer, bad):
+    inputs = rollout_batch(trainer, LENGTHS)
+    credit = Credit(mode="sample", token_weights_fn=lambda inputs, logp, entropies, mask: bad(mask))
+    with pytest.raises(ValueError, match="token_weights_fn must return finite weights >= 0 of "
+                                         "shape \\(8, 12\\) \\(N, T\\), got"):
+        our_loss(trainer, inputs, credit)
+
+
+@pytest.mark.parametrize("mode", ["sample", "token", "constant"])
+def test_token_weights_of_one_change_nothing(trainer, mode):
+    trainer.model.train()
+    inputs = rollout_batch(trainer, LENGTHS, seed=5)
+    ones = Credit(mode=mode, token_weights_fn=lambda inputs, logp, *a: torch.ones_like(logp))
+    plain, plain_grad = our_loss(trainer, inputs, Credit(mode=mode))
+    weighted, weighted_grad = our_loss(trainer, inputs, ones)
+    assert torch.equal(weighted, plain) and torch.equal(weighted_grad, plain_grad)
+
+
 def test_token_normaliser_global_or_local_under_gradient_accumulation(trainer):
     """2 micro-batches (GA = 2) of unequal token counts: "global" is the token mean over both
     (TRL dapo), "local" the mean of the two micro-batch means (TRL bnpo). They differ."""
