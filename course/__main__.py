@@ -90,20 +90,16 @@ def cmd_grade(args) -> None:
     for line in report.flag_lines(flags):
         print(line)
     print(report.format_rows(rows, args.verbose or bool(args.only)))
-    exercises = args.only or where["exercises"]
-    if where["reference"]:  # the official grade, with the instructor's table
-        answers = written.grade(form, exercises)
-        said = written.lines(*answers, instructor=True)
-    else:  # a handout's table has no values: the form is only read
-        answers = None
-        said = written.lines(*written.grade(form, exercises, where["mapping"].get("written", [])),
-                             instructor=False)
-    for line in said:
+    # the official grade takes the instructor's table; a handout's has no values: only read
+    official = bool(where["reference"])
+    table = None if official else where["mapping"].get("written", [])
+    answers = written.grade(form, args.only or where["exercises"], table)
+    for line in written.lines(*answers, instructor=official):
         print(line)
     print(f"({time.monotonic() - started:.1f} s)")
     if args.gradescope:
         with open(args.gradescope, "w") as f:
-            json.dump(report.gradescope(rows, flags, answers), f, indent=1)
+            json.dump(report.gradescope(rows, flags, answers if official else None), f, indent=1)
         print(f"wrote {args.gradescope}")
 
 
@@ -302,7 +298,8 @@ def main(argv=None) -> None:
         cmd_answers(args.file)
     elif args.command in ("lecture-figures", "notebook"):
         if not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
-            raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
+            raise SystemExit(f"course: {args.command} is the instructors'; run it in the "
+                             "repository")
         if args.command == "notebook":
             from .ipynb import cmd_notebook
             cmd_notebook()

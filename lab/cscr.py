@@ -207,12 +207,13 @@ def diagnose_trained(argv: List[str]) -> dict:
     tiny_task.quiet_transformers()
     device = tiny_task.pick_device("cpu")
     model, tokenizer, start_path = tiny_task.load_or_warm_up(args, device, "runs")
-    problems = tt.held_out_problems(args)[:32]
+    held_out = tt.held_out_problems(args)
+    problems = held_out[:32]
     out = dict(warmup_seed=a.warmup_seed, seed=a.seed, strength=a.strength)
     out["start"] = diagnose(model, tokenizer, args, problems, a.strength, device)
     with open(os.devnull, "w") as log:
         history, _, trained = tt.train_method("cscr", args, a.seed, start_path, tokenizer,
-                                              tt.held_out_problems(args), device, log)
+                                              held_out, device, log)
     out["trained"] = diagnose(trained, tokenizer, args, problems, a.strength, device)
     out["trained_accuracy"] = history[-1]["eval_accuracy"]
     path = os.path.join(a.save, f"ws{a.warmup_seed}.json")
@@ -240,7 +241,8 @@ def format_claim4(diagnoses: List[dict]) -> str:
     for name in policies[0]["by_class"]:
         lines.append(f"| {said} | {name}: share of all tokens -> of the top 20 % by "
                      "sensitivity | " + " | ".join(
-                         "{:.3f} -> {:.3f}".format(*p["by_class"][name]["shares"]) for p in policies)
+                         "{:.3f} -> {:.3f}".format(*p["by_class"][name]["shares"])
+                         for p in policies)
                      + " |")
         said = "(the same)"
     return "\n".join(lines)
@@ -259,8 +261,14 @@ def sweep(argv: List[str]) -> list:
     a = parser.parse_args(argv)
     runs, diagnoses = [], []
     for path in a.paths:  # a diagnosis is a JSON file that holds a "trained" policy's
-        saved = json.load(open(path)) if os.path.isfile(path) else {}
-        (diagnoses.append(saved) if "trained" in saved else runs.append(path))
+        saved = {}
+        if os.path.isfile(path):
+            with open(path) as f:
+                saved = json.load(f)
+        if "trained" in saved:
+            diagnoses.append(saved)
+        else:
+            runs.append(path)
     rows = sweep_rows(arms(runs))
     print(format_sweep(rows))
     if diagnoses:
