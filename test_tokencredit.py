@@ -1255,7 +1255,8 @@ DOORS = [(door(f, name, bad), rf"^{name}\b.* must .+, got ") for f in GOOD
     (P(tc.fill_batch, rounds({**R, "x": Z(3)}), 1, 1, "correct"), r"one leading size b, got \{'correct': \(1, 2\), 'x': \(3,\)\}"),
     (P(tc.fill_batch, rounds(R, {**R, "x": Z(1, 6)}), 1, 2, "correct"), r"shapes \{'correct': \('b', 2\), 'x': \('b', 5\)\} as in the first round, got"),
     (P(tc.fill_batch, rounds(R, {"correct": Z(1, 2)}), 1, 2, "correct"), r"as in the first round, got \{'correct': \(1, 2\)\}"),
-    (P(tc.fill_batch, rounds({"correct": Z(2)}), 1, 1, "correct"), r"values must be .*\(B, G\)"),
+    (P(tc.fill_batch, rounds({"correct": Z(2)}), 1, 1, "correct"),  # 1-D verdicts: named as returned
+     r"^sample_groups\(\) must return .* 'correct' \(the filter_key\) of shape \(b, G\).*, got \{'correct': \(2,\)\}"),
     (P(tc.policy_loss, LOGP, None, Z(N_), MASK), "old_logp must be a floating-point torch.Tensor .*, got NoneType"),
     (P(tc.policy_loss, LOGP, None, Z(N_), MASK, surrogate="reinforce", ratio_level="sequence"),
      "ratio_level 'sequence' must have surrogate 'clip' .*, got surrogate 'reinforce'"),

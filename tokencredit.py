@@ -94,9 +94,11 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
 # 2. dynamic sampling (DAPO [3])
 
 def informative_groups(values: torch.Tensor) -> torch.Tensor:
-    """True where a group's values are not all equal (0 < #correct < G): its advantages are not 0.
+    """True where a group's values are not all equal: its advantages are not 0.
 
-    Args: values (B, G) finite; bool reads as 0/1. Returns: keep (B,) bool."""
+    Given the verifier's verdicts this is DAPO's 0 < #correct < G; given shaped rewards, it also
+    keeps an all-wrong group whose penalties differ. Args: values (B, G) finite; bool reads as 0/1.
+    Returns: keep (B,) bool."""
     _check_inputs(locals())
     return (values != values[:, :1]).any(dim=1)  # (B,)
 
@@ -106,10 +108,11 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     """DAPO's dynamic sampling: sample rounds of groups, keep the informative ones.
 
     sample_groups() returns a dict of tensors sharing a leading dimension (a round's groups). A
-    group is kept where informative_groups(groups[filter_key]) (0 < #correct < G on the verdicts,
-    not a shaped reward), in the order sampled, the surplus dropped; after max_rounds calls, what
-    there is, maybe no group. Returns: (batch, stats): rounds (calls made), groups_seen,
-    groups_informative (surplus included), groups_kept (in batch), full (1 if batch_size kept).
+    group is kept where informative_groups(groups[filter_key]): its (b, G) values are not all
+    equal (0 < #correct < G when filter_key names the verdicts, as it should), in the order
+    sampled, the surplus dropped; after max_rounds calls, what there is, maybe no group.
+    Returns: (batch, stats): rounds (calls made), groups_seen, groups_informative (surplus
+    included), groups_kept (in batch), full (1 if batch_size kept).
     """
     _check_inputs(locals())
     kept, n_kept, n_seen, n_informative, rounds, first = [], 0, 0, 0, 0, None
@@ -344,8 +347,8 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
 
 
 # -----------------------------------------------------------------------------
-# 5. which tokens carry the credit, w_{i,t} in A_{i,t} = A_i w_{i,t} (A[:, None] * w): CSCR [4] (our
-#    reading), the high-entropy mask [9]
+# 5. which tokens carry the credit, u_{i,t} in A_{i,t} = A_i u_{i,t} (A[:, None] * u; the loss
+#    weight w_{i,t} still applies on top): CSCR [4] (our reading), the high-entropy mask [9]
 
 def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: torch.Tensor,
                           mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -376,18 +379,18 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
                  threshold: float = 0.0) -> torch.Tensor:
     """CSCR's credit weights (our reading): shrink the tokens most sensitive to the outcome.
 
-    w_t  = exp(-strength * max(0, s_t - threshold))
-    w~_t = |o_i| * w_t / sum_{t' real} w_t'      renormalised: a response's weights have mean 1
-    strength 0: w~ = 1 exactly (GRPO). A_{i,t} = w~_t A_i keeps A_i's sign and sum_t A_{i,t} =
+    u_t  = exp(-strength * max(0, s_t - threshold))
+    u~_t = |o_i| * u_t / sum_{t' real} u_t'      renormalised: a response's weights have mean 1
+    strength 0: u~ = 1 exactly (GRPO). A_{i,t} = u~_t A_i keeps A_i's sign and sum_t A_{i,t} =
     |o_i| A_i: the verifier decides the direction and budget, the weights where credit lands.
-    Args: sensitivity (N, T) >= 0; mask; strength (alpha) >= 0; threshold (tau). Returns: (N, T)
-    float32, 0 on padding and empty responses; log w_t shifted by its response's largest first, so
+    Args: sensitivity (N, T) >= 0; mask; strength (alpha) >= 0; threshold (tau). Returns: u~ (N, T)
+    float32, 0 on padding and empty responses; log u_t shifted by its response's largest first, so
     no strength underflows to 0/0 (T = 0: an empty (N, 0)).
     """
     mask = _check_inputs(locals())
-    log_w = -strength * torch.clamp(sensitivity.float() - threshold, min=0)  # (N, T) log w_t
+    log_w = -strength * torch.clamp(sensitivity.float() - threshold, min=0)  # (N, T) log u_t
     log_w = log_w.masked_fill(~mask, float("-inf"))
-    if log_w.shape[-1] > 0:  # w_t / sum w is unchanged by a shift; this one avoids 0/0
+    if log_w.shape[-1] > 0:  # u_t / sum u is unchanged by a shift; this one avoids 0/0
         log_w = log_w - log_w.amax(dim=-1, keepdim=True)
     w = torch.exp(log_w)  # (N, T), 1 at the least sensitive token, 0 on padding
     lengths = mask.sum(dim=-1, keepdim=True).to(torch.float32)  # (N, 1) |o_i|
@@ -576,14 +579,16 @@ def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
 
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
-    """One round of fill_batch's sampler: a dict of tensors, filter_key among them, of one leading
-    size b, with the first round's keys and trailing shapes. Returns the first round's shapes."""
+    """One round of fill_batch's sampler: a dict of tensors, filter_key among them and (b, G), of
+    one leading size b, with the first round's keys and trailing shapes. Returns the first round's
+    shapes. Its message names the sampler's output, not informative_groups' argument."""
     given = groups if isinstance(groups, dict) else {}
     tensors = all(torch.is_tensor(x) and x.dim() for x in given.values())
     got = {key: tuple(x.shape) if torch.is_tensor(x) else x for key, x in given.items()}
     shapes = {key: ("b",) + shape[1:] for key, shape in got.items()} if tensors else None
-    _check_that(tensors and filter_key in got and len({s[0] for s in got.values()}) == 1 and
-                shapes == (first or shapes), "sample_groups()", f"return a dict of tensors with "
-                f"key {filter_key!r} (the filter_key), one leading size b" + bool(first) * (
+    _check_that(tensors and filter_key in got and len(got[filter_key]) == 2 and
+                len({s[0] for s in got.values()}) == 1 and shapes == (first or shapes),
+                "sample_groups()", f"return a dict of tensors with key {filter_key!r} (the "
+                f"filter_key) of shape (b, G), one leading size b" + bool(first) * (
                     f", shapes {first} as in the first round"), got or repr(groups))
     return first or shapes
