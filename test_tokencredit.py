@@ -973,7 +973,7 @@ def test_cscr_weights_match_the_loop_reference_and_keep_budget_and_sign():
         w = tc.cscr_weights(s, mask, strength, threshold)
         assert torch.allclose(w, ref_cscr_weights(s, mask, strength, threshold), atol=1e-5)
         adv = torch.randn(N, generator=g)
-        token_adv = adv[:, None] * w  # A_{i,t} = w~_t A_i
+        token_adv = adv[:, None] * w  # A_{i,t} = u~_t A_i
         assert torch.allclose(token_adv.sum(dim=1), mask.sum(dim=1) * adv, atol=1e-4)  # budget |o_i| A_i
         assert (torch.sign(token_adv)[mask] == torch.sign(adv)[:, None].expand(N, T)[mask]).all()  # sign
         assert (token_adv[~mask] == 0).all()

@@ -103,7 +103,7 @@ def paired_effect(plt) -> str:
 
 
 def cscr_answer_weights(plt) -> str:
-    """c. CSCR's w~_t on one right answer, each token given its class's mean sensitivity on
+    """c. CSCR's u~_t on one right answer, each token given its class's mean sensitivity on
     the starting policy (results/readme.json's diagnosis): a picture of the weighting, not of
     one sampled answer's shifts."""
     tokenizer = tiny_task.build_tokenizer()

@@ -63,8 +63,8 @@ def readme_examples():
     lines = ["sensitivity s_t     " + " ".join(f"{x:>6.2f}" for x in s[0, :4].tolist()) + "   (padding: weight 0)"]
     for strength in (0.0, 1.0, 4.0):
         w = tc.cscr_weights(s, m, strength, threshold=0.1)
-        a = torch.tensor([0.5])[:, None] * w  # A_{i,t} = A_i w~_t
-        lines.append(f"strength {strength:<3} w~_t   " + " ".join(f"{x:>6.3f}" for x in w[0, :4].tolist()) +
+        a = torch.tensor([0.5])[:, None] * w  # A_{i,t} = A_i u~_t
+        lines.append(f"strength {strength:<3} u~_t   " + " ".join(f"{x:>6.3f}" for x in w[0, :4].tolist()) +
                      f"   sum of A_t {a.sum().item():.3f} = 4 x 0.5")
     blocks.append("\n".join(lines))
     return blocks

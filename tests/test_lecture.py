@@ -93,7 +93,7 @@ def test_the_figures_show_hand_worked_numbers(drawn):
         "[-0.89, -0.37], 9 of 10 seeds lower; --warmup-seed 7: -0.72 [-0.91, -0.52], 6 of 6 "
         "seeds lower")
     # c. 6+9=15,15+8=23>23<eos>: 9 intermediate digits, 4 operators, 3 format tokens, 2 answer
-    # digits, each at its class's mean sensitivity; w~ = 18 exp(-s) / sum over the 18 tokens
+    # digits, each at its class's mean sensitivity; u~ = 18 exp(-s) / sum over the 18 tokens
     s = dict(I=0.1753742, O=0.0077018, F=0.1067409, A=0.0236406)  # results/readme.json
     total = sum(n * math.exp(-s[c]) for c, n in dict(I=9, O=4, F=3, A=2).items())  # 16.171
     c = said["cscr-weights.svg"]
