@@ -236,8 +236,8 @@ def format_claim4(diagnoses: List[dict]) -> str:
     for said, measured, key in CLAIMS:
         lines.append(f"| {said} | {measured} | "
                      + " | ".join(f"{p['all'][key]:.3f}" for p in policies) + " |")
-    said = ("the largest shifts sit on substitutable surface-form tokens, not on "
-            "problem-specific reasoning tokens")
+    said = ("the biggest shifts tend to concentrate on highly substitutable surface-form tokens, "
+            "while problem-specific reasoning tokens are often less sensitive")
     for name in policies[0]["by_class"]:
         lines.append(f"| {said} | {name}: share of all tokens -> of the top 20 % by "
                      "sensitivity | " + " | ".join(
