@@ -59,14 +59,18 @@ class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     # the method: set by the presets; any of them given here overrides every preset
     adv_scale: str = arg("std", "group advantage: / the group's std (GRPO), batch, none")
     baseline: str = arg("mean", "group advantage: - the group's mean (GRPO) or leave_one_out")
-    loss_mode: str = arg("sample", "token weights: sample, token, group_token or constant")
+    loss_mode: str = arg("sample", "token weights: sample (GRPO); token, the batch's token mean "
+                         "(verl's token-mean, TRL's dapo, under docs/translation.md's conditions); "
+                         "group_token (DAPO's printed equation); constant (Dr. GRPO)")
     surrogate: str = arg("clip", "per-token loss: clip (PPO-clip) or reinforce (-A log pi)")
     ratio_level: str = arg("token", "importance ratio: token, sequence (GSPO), sequence_token")
     eps_low: float = arg(0.2, "lower clip range: rho >= 1 - eps_low")
     eps_high: float = arg(0.2, "upper clip range: rho <= 1 + eps_high (Clip-Higher: 0.28)")
     reward_correct: float = arg(1.0, "reward of a verified answer")
     reward_wrong: float = arg(0.0, "reward of a wrong, malformed or truncated answer")
-    dynamic_sampling: bool = arg(False, "DAPO: resample until B groups are informative")
+    dynamic_sampling: bool = arg(False, "DAPO: resample until B groups are informative, "
+                                 "filtering on the verifier's verdicts (0 < #correct < G), "
+                                 "not on the shaped reward")
     max_sampling_rounds: int = arg(3, "dynamic sampling trains on what it has after these")
     overlong_shaping: bool = arg(False, "DAPO: add the soft overlong penalty to the reward")
     overlong_cache: int = arg(6, "L_cache: the soft zone is (L_max - L_cache, L_max]")

@@ -62,7 +62,8 @@ PARTS = ("generate", "score", "update", "total")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m bench", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="One update = one rollout batch of 16 prompts x 8 samples and its 2 optimizer "
                "steps.\nSetup and examples: see the top of bench/bench.py.")
     add = parser.add_argument

@@ -176,3 +176,12 @@ def test_cscr_tables_are_what_lab_sweep_prints(capsys):
     assert shown, "no CSCR sweep table in README.md or docs/"
     missing = [table for table in shown if table not in printed]
     assert not missing, "not what python -m lab sweep prints:\n" + "\n".join(missing[0])
+
+
+def test_bench_help_names_the_command_a_user_types():
+    """`python -m bench --help` shows `python -m bench`, not the file argparse was run from."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=HERE, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m bench [-h]"), out
