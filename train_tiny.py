@@ -60,7 +60,7 @@ class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     adv_scale: str = arg("std", "group advantage: / the group's std (GRPO), batch, none")
     baseline: str = arg("mean", "group advantage: - the group's mean (GRPO) or leave_one_out")
     loss_mode: str = arg("sample", "token weights: sample (GRPO); token, the batch's token mean "
-                         "(verl's token-mean in its new engine, TRL 1.16's dapo at its defaults); "
+                         "(verl 0.9.1's token-mean, TRL 1.16's dapo at its defaults); "
                          "group_token (DAPO's printed equation); constant (Dr. GRPO)")
     surrogate: str = arg("clip", "per-token loss: clip (PPO-clip) or reinforce (-A log pi)")
     ratio_level: str = arg("token", "importance ratio: token, sequence (GSPO), sequence_token")
