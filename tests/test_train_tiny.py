@@ -639,7 +639,9 @@ def test_the_saved_config_reruns_the_run_and_the_saved_policy_samples(tmp_path, 
         return history, interrupted, model
 
     monkeypatch.setattr(tt, "train_method", keep_trained)
-    argv = TINY + ["--methods", "grpo", "--eps-high", "0.3", "--device", "cpu", "--name", "first"]
+    # the warm-up of TINY gets every answer wrong: a length penalty over the whole budget gives a gradient
+    argv = TINY + ["--methods", "grpo", "--eps-high", "0.3", "--overlong-shaping", "--overlong-cache", "24",
+                   "--device", "cpu", "--name", "first"]
     results = tt.main(argv)
     saved = "runs/first/config.json"
     assert tt.parse_args(["--config", saved]) == tt.parse_args(argv)
@@ -651,8 +653,9 @@ def test_the_saved_config_reruns_the_run_and_the_saved_policy_samples(tmp_path, 
     for run in results["runs"]:
         folder = tmp_path / "runs" / "first" / f"{run['method']}-seed0"
         model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
-        saved = model.state_dict()
+        saved, start = model.state_dict(), AutoModelForCausalLM.from_pretrained(results["warmup_path"]).state_dict()
         assert all(torch.equal(saved[k], v) for k, v in trained[run["method"]].items())
+        assert not all(torch.equal(saved[k], v) for k, v in start.items())  # it trained
         assert tokenizer("6+9=")["input_ids"] == tiny_task.build_tokenizer()("6+9=")["input_ids"]
         args = tt.Args(**results["methods"][run["method"]])
         assert tt.evaluate(model.eval(), tokenizer, args, tt.held_out_problems(base), "cpu") == run["final"]
