@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import time
 from typing import Dict, List, NamedTuple, Optional
 
@@ -106,6 +107,19 @@ QUICK = dict(name="quick", methods="grpo", max_terms=3, max_value=5, misconcepti
              max_new_tokens=32, warmup_steps=300, steps=40, eval_size=100, eval_every=10,
              log_every=10)  # GRPO alone, on 2-3 numbers up to 5 (forgetting the carry of a 5)
 PRESET_KEYS = sorted({key for preset in PRESETS.values() for key in preset})
+# GRPOConfig's names (TRL 1.16) for the settings both have: flags beside ours, and config keys
+TRL_NAMES = dict(num_generations="group_size", max_completion_length="max_new_tokens",
+                 learning_rate="lr", epsilon="eps_low", epsilon_high="eps_high",
+                 num_iterations="update_epochs", loss_type="loss_mode",
+                 importance_sampling_level="ratio_level", top_entropy_quantile="entropy_top",
+                 seed="seeds")
+# TRL's loss_type values whose token weights are a loss_mode's: grpo divides each response by its
+# length, dr_grpo by max_completion_length, dapo by the batch's tokens, and so does bnpo here
+# (one process, the whole batch in one loss). The others have no loss_mode here:
+TRL_LOSS_TYPES = dict(grpo="sample", dr_grpo="constant", dapo="token", bnpo="token")
+TRL_ONLY = dict(cispo="REINFORCE on a clipped, detached ratio", vespo="a gamma weight per "
+                "response on REINFORCE", sapo="a sigmoid gate in place of the clip",
+                luspo="d_i = N (constant with max_len 1; here max_len is the budget)")
 HELD_OUT_STREAM, EVAL_SAMPLING_STREAM = 10 ** 6, 2  # seeds: warmup_seed + these (lab: 1, 3, 4)
 MEASURES = (("greedy", "accuracy"), ("where the misconception applies", "accuracy_misconception"),
             ("sampled", "sampled_accuracy"))  # main's summary: before -> after
@@ -118,24 +132,89 @@ def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = 
     task_names = {f.name for f in dataclasses.fields(Task)}
     for f in dataclasses.fields(Args):
         if names is None or f.name in names:
-            flag, help = "--" + f.name.replace("_", "-"), f"{f.metadata['help']} ({f.default!r})"
+            flags = ["--" + name.replace("_", "-") for name in
+                     [f.name] + [trl for trl, ours in TRL_NAMES.items() if ours == f.name]]
             kind = (dict(action=argparse.BooleanOptionalAction) if f.type is bool
                     else dict(type=f.type, metavar=f.name.upper()))
             (task if f.name in task_names else parser).add_argument(
-                flag, default=argparse.SUPPRESS, help=help, **kind)
+                *flags, dest=f.name, default=argparse.SUPPRESS,
+                help=f"{f.metadata['help']} ({f.default!r})", **kind)
+
+
+def read_arguments(argv: Optional[List[str]] = None) -> Dict[str, object]:
+    """The arguments given, by Args' names: --config FILE's, then the command line's over them."""
+    presets = "\n".join(f"  {name:<9s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
+                        for name, preset in PRESETS.items())
+    parser = argparse.ArgumentParser(
+        usage="%(prog)s [--quick] [--methods M] [--seeds S] [--config FILE] [options]",
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"presets (any argument given overrides it in every preset):\n{presets}\n"
+               "--quick sets: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()) +
+               "\n\nGRPOConfig's names (TRL 1.16), as flags and --config keys:\n" + textwrap.fill(
+                   ", ".join(f"{trl}={ours}" for trl, ours in TRL_NAMES.items()) + "; loss_type "
+                   + ", ".join(f"{trl}={ours}" for trl, ours in TRL_LOSS_TYPES.items()) + " (the "
+                   "same token weights). TRL's epsilon_high defaults to epsilon, here to the "
+                   "preset's.", 90, initial_indent="  ", subsequent_indent="  "))
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="arguments from a YAML or JSON file, by these names or GRPOConfig's; "
+                             "flags given beside it win. Each run writes runs/<name>/config.json")
+    add_arguments(parser)
+    given = vars(parser.parse_args(argv))
+    given = {**(read_config(given.pop("config")) if "config" in given else {}), **given}
+    loss = given.get("loss_mode")
+    require(loss not in TRL_ONLY, f"--loss-type {loss}: TRL's {loss} is {TRL_ONLY.get(loss)}, not "
+            f"a loss_mode here; expected TRL's grpo, dr_grpo, dapo, bnpo or sample, token, "
+            f"group_token, constant")
+    if loss in TRL_LOSS_TYPES:
+        given["loss_mode"] = TRL_LOSS_TYPES[loss]
+    return given
+
+
+def read_config(path: str) -> Dict[str, object]:
+    """--config FILE: {Args' name or GRPOConfig's: value}, from YAML or JSON, typed as Args'."""
+    if not (os.path.isfile(path) and path.endswith((".yaml", ".yml", ".json"))):
+        raise ValueError(f"--config must name a .yaml, .yml or .json file, got {path!r}")
+    with open(path) as f:
+        if path.endswith(".json"):
+            values = json.load(f)
+        else:
+            import yaml  # PyYAML, which transformers requires
+            values = yaml.safe_load(f)
+    require(isinstance(values, dict), f"--config {path}: expected a mapping of argument names to "
+            f"values, got {type(values).__name__}")
+    kinds, config = {f.name: f.type for f in dataclasses.fields(Args)}, {}
+    for key, value in values.items():
+        name = TRL_NAMES.get(key, key)
+        require(name in kinds, f"--config {path}: unknown argument {key!r}; expected Args' names "
+                f"(python train_tiny.py --help) or GRPOConfig's {sorted(TRL_NAMES)}")
+        config[name] = as_kind(kinds[name], value)
+        require(config[name] is not None, f"--config {path}: {key} must be "
+                f"{kinds[name].__name__}, got {value!r}")
+    return config
+
+
+def as_kind(kind, value):
+    """A config's value as Args' type, or None if it is not one: YAML reads 1e-4 as text, and
+    seeds: 0 as a number."""
+    if kind is bool or isinstance(value, bool):
+        return value if kind is bool and isinstance(value, bool) else None
+    accepted = {int: (int,), float: (int, float, str), str: (int, str)}[kind]
+    if not isinstance(value, accepted):
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        return None
 
 
 def parse_args(argv: Optional[List[str]] = None):
     """Returns (the base Args, one (method, Args) per method asked for, the seeds)."""
-    presets = "\n".join(f"  {name:<9s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
-                        for name, preset in PRESETS.items())
-    parser = argparse.ArgumentParser(
-        usage="%(prog)s [--quick] [--methods M] [--seeds S] [--impl PATH] [options]",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"presets (any argument given overrides it in every preset):\n{presets}\n"
-               "--quick sets: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
-    add_arguments(parser)
-    given = vars(parser.parse_args(argv))
+    return resolve_args(read_arguments(argv))
+
+
+def resolve_args(given: Dict[str, object]):
+    """parse_args from the arguments given: defaults, --quick's, then the given, each preset's
+    values under the given."""
     base = dataclasses.replace(Args(), **(QUICK if given.get("quick") else {}))
     base = dataclasses.replace(base, **{k: v for k, v in given.items() if k not in PRESET_KEYS})
     validate_args(base)
@@ -447,15 +526,20 @@ def train_method(label: str, args: Args, seed: int, start_path: str, tokenizer, 
 
 def main(argv: Optional[List[str]] = None) -> dict:
     """Warm up (or reuse) the starting policy, train every method from it for every seed, print
-    the held-out accuracy before and after. Writes runs/<name>/metrics.jsonl (a record per
-    update) and results.json, and returns the results."""
-    base, runs, seeds = parse_args(argv)
+    the held-out accuracy before and after. Writes runs/<name>/config.json (--config reruns it),
+    metrics.jsonl (a record per update), results.json and each trained policy (METHOD-seedSEED/,
+    save_pretrained), and returns the results."""
+    given = read_arguments(argv)
+    base, runs, seeds = resolve_args(given)
     quiet_transformers()
     device = pick_device(base.device)
     print(describe_device(device, base.device))
     print(f"tokencredit: {os.path.abspath(tc.__file__)}")  # ours, or the student's (--impl)
     out_dir = os.path.join("runs", base.name)
     os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:  # --config reruns it
+        json.dump({**{k: v for k, v in dataclasses.asdict(base).items() if k not in PRESET_KEYS},
+                   **{k: v for k, v in given.items() if k in PRESET_KEYS}}, f, indent=1)
     model, tokenizer, start_path = load_or_warm_up(base, device, "runs")
     eval_problems = held_out_problems(base)
     start = evaluate(model, tokenizer, base, eval_problems, device)
@@ -471,8 +555,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
     with open(os.path.join(out_dir, "metrics.jsonl"), "w") as log_file:
         for seed, (label, args) in itertools.product(seeds, runs):
             run_start = time.time()
-            history, interrupted, _ = train_method(label, args, seed, start_path, tokenizer,
-                                                eval_problems, device, log_file)
+            history, interrupted, model = train_method(label, args, seed, start_path, tokenizer,
+                                                       eval_problems, device, log_file)
+            model.save_pretrained(os.path.join(out_dir, f"{label}-seed{seed}"))  # from_pretrained
+            tokenizer.save_pretrained(os.path.join(out_dir, f"{label}-seed{seed}"))
             evals = [r for r in history if "eval_accuracy" in r]
             final = {k[5:]: v for k, v in evals[-1].items() if k[:5] == "eval_"} if evals else start
             results["runs"].append(dict(method=label, seed=seed, steps=len(history), final=final,
@@ -487,7 +573,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     for run in results["runs"]:
         print(f"  {run['method']:>9s} seed {run['seed']}: " + ", ".join(
             f"{what} {start[key]:.3f} -> {run['final'][key]:.3f}" for what, key in MEASURES))
-    print(f"wrote {out_dir}/metrics.jsonl, results.json (training took {results['wall_s']:.0f} s)")
+    print(f"wrote {out_dir}/config.json, metrics.jsonl, results.json and the trained policies "
+          f"(METHOD-seedSEED/) (training took {results['wall_s']:.0f} s)")
     return results
 
 

@@ -538,6 +538,129 @@ def test_bad_arguments(argv, message):
         tt.parse_args(argv)
 
 
+# -----------------------------------------------------------------------------
+# TRL's names, --config, the saved config and the saved policy
+
+TRL_ARGV = ["--num-generations", "4", "--max-completion-length", "40", "--learning-rate", "3e-4",
+            "--epsilon", "0.1", "--epsilon-high", "0.3", "--num-iterations", "1",
+            "--importance-sampling-level", "sequence", "--top-entropy-quantile", "0.5", "--seed", "7"]
+OURS_ARGV = ["--group-size", "4", "--max-new-tokens", "40", "--lr", "3e-4", "--eps-low", "0.1",
+             "--eps-high", "0.3", "--update-epochs", "1", "--ratio-level", "sequence", "--entropy-top", "0.5",
+             "--seeds", "7"]
+
+
+def test_grpo_configs_names_are_ours():
+    methods = ["--methods", "grpo,dapo"]
+    assert tt.parse_args(methods + TRL_ARGV) == tt.parse_args(methods + OURS_ARGV)
+    _, (grpo, dapo), seeds = tt.parse_args(methods + TRL_ARGV)
+    assert (grpo[1].group_size, dapo[1].eps_low, dapo[1].eps_high, grpo[1].lr, seeds) == (4, 0.1, 0.3, 3e-4, [7])
+    assert (grpo[1].update_epochs, grpo[1].max_new_tokens, grpo[1].ratio_level, grpo[1].entropy_top) == \
+        (1, 40, "sequence", 0.5)
+    for loss_type, loss_mode in (("grpo", "sample"), ("dr_grpo", "constant"), ("dapo", "token"), ("bnpo", "token"),
+                                 ("group_token", "group_token")):
+        _, runs, _ = tt.parse_args(methods + ["--loss-type", loss_type])
+        assert [a.loss_mode for _, a in runs] == [loss_mode, loss_mode], loss_type
+
+
+def test_trl_loss_types_weigh_tokens_as_trl_does():
+    """Each loss_type train_tiny accepts gives the loss TRL 1.16's GRPOTrainer._compute_loss computes from the
+    same per-token losses, one process, one micro-batch (its lines for each type, written out here)."""
+    g = torch.Generator().manual_seed(0)
+    per_token, L = torch.randn(6, 9, generator=g, dtype=torch.float64), 12  # L: max_completion_length
+    mask = torch.zeros(6, 9, dtype=torch.float64)
+    for i, length in enumerate((1, 9, 4, 7, 2, 9)):
+        mask[i, :length] = 1
+    trl = dict(grpo=((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean(),
+               bnpo=(per_token * mask).sum() / mask.sum().clamp(min=1.0),
+               dr_grpo=(per_token * mask).sum() / (per_token.size(0) * L),
+               dapo=(per_token * mask).sum() / mask.sum())  # num_items_in_batch: the batch's tokens
+    for loss_type, loss in trl.items():
+        _, ((_, args),), _ = tt.parse_args(["--methods", "grpo", "--loss-type", loss_type])
+        ours = tc.aggregate(per_token, mask, args.loss_mode, group_size=3, max_len=L)
+        assert torch.allclose(ours.double(), loss), loss_type
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "luspo", "vespo"])
+def test_trl_loss_types_with_no_loss_mode_are_refused(loss_type):
+    with pytest.raises(ValueError, match=f"--loss-type {loss_type}: TRL's {loss_type} is .*, not a loss_mode here"):
+        tt.parse_args(["--loss-type", loss_type])
+
+
+def test_config_file_in_yaml_or_json_and_flags_win(tmp_path):
+    yaml_file, json_file = tmp_path / "run.yaml", tmp_path / "run.json"
+    yaml_file.write_text("# a TRL-style file: GRPOConfig's names and ours\nnum_generations: 4\n"
+                         "max_completion_length: 40\nlearning_rate: 3e-4  # PyYAML reads this as text\n"
+                         "epsilon: 0.1\nepsilon_high: 0.3\nnum_iterations: 1\nimportance_sampling_level: sequence\n"
+                         "top_entropy_quantile: 0.5\nseed: 7\nmethods: grpo,dapo\nloss_type: dr_grpo\n"
+                         "misconception: 5\nmax_value: 5\ndynamic_sampling: true\n")
+    json_file.write_text(json.dumps(dict(methods="grpo,dapo", group_size=4, max_new_tokens=40, lr=3e-4,
+                                         eps_low=0.1, eps_high=0.3, update_epochs=1, ratio_level="sequence",
+                                         entropy_top=0.5, seeds="7", loss_mode="constant", misconception="5",
+                                         max_value=5, dynamic_sampling=True)))
+    flags = OURS_ARGV + ["--methods", "grpo,dapo", "--loss-mode", "constant", "--misconception", "5",
+                         "--max-value", "5", "--dynamic-sampling"]
+    assert tt.parse_args(["--config", str(yaml_file)]) == tt.parse_args(flags)
+    assert tt.parse_args(["--config", str(json_file)]) == tt.parse_args(flags)
+    base, runs, seeds = tt.parse_args(["--config", str(yaml_file), "--seeds", "1,2", "--epsilon-high", "0.25"])
+    assert seeds == [1, 2] and [a.eps_high for _, a in runs] == [0.25, 0.25] and base.group_size == 4
+
+
+@pytest.mark.parametrize("text, message", [
+    ("num_generations: four\n", "--config CONFIG: num_generations must be int, got 'four'"),
+    ("group_size: 4.5\n", "--config CONFIG: group_size must be int, got 4.5"),
+    ("dynamic_sampling: 1\n", "--config CONFIG: dynamic_sampling must be bool, got 1"),
+    ("num_iterations: true\n", "--config CONFIG: num_iterations must be int, got True"),
+    ("lr: fast\n", "--config CONFIG: lr must be float, got 'fast'"),
+    ("per_device_train_batch_size: 8\n", "--config CONFIG: unknown argument 'per_device_train_batch_size'"),
+    ("- grpo\n", "--config CONFIG: expected a mapping of argument names to values, got list"),
+    ("loss_type: sapo\n", "--loss-type sapo: TRL's sapo is a sigmoid gate in place of the clip"),
+])
+def test_bad_config_files(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message.replace("CONFIG", str(path)))):
+        tt.parse_args(["--config", str(path)])
+    with pytest.raises(ValueError, match=re.escape("--config must name a .yaml, .yml or .json file, got 'run.txt'")):
+        tt.parse_args(["--config", "run.txt"])
+
+
+def test_the_saved_config_reruns_the_run_and_the_saved_policy_samples(tmp_path, monkeypatch):
+    """runs/<name>/config.json gives the same arguments, and each preset's still applies under it (the same
+    arguments give the same numbers: test_same_seed_same_metrics...); the trained policy loads with
+    from_pretrained from its folder, offline, holds the trained weights, and samples as it did in the run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    trained, real_train_method = {}, tt.train_method
+
+    def keep_trained(label, args, seed, *rest):
+        history, interrupted, model = real_train_method(label, args, seed, *rest)
+        trained[label] = {k: v.clone() for k, v in model.state_dict().items()}
+        return history, interrupted, model
+
+    monkeypatch.setattr(tt, "train_method", keep_trained)
+    # the warm-up of TINY gets every answer wrong: a length penalty over the whole budget gives a gradient
+    argv = TINY + ["--methods", "grpo", "--eps-high", "0.3", "--overlong-shaping", "--overlong-cache", "24",
+                   "--device", "cpu", "--name", "first"]
+    results = tt.main(argv)
+    saved = "runs/first/config.json"
+    assert tt.parse_args(["--config", saved]) == tt.parse_args(argv)
+    assert json.loads(open(saved).read())["eps_high"] == 0.3 and "loss_mode" not in open(saved).read()
+    both = tt.parse_args(["--config", saved, "--methods", "grpo,drgrpo"])
+    assert both == tt.parse_args(argv + ["--methods", "grpo,drgrpo"])
+    assert [(a.loss_mode, a.eps_high) for _, a in both[1]] == [("sample", 0.3), ("constant", 0.3)]
+    base = tt.Args(**results["config"])
+    for run in results["runs"]:
+        folder = tmp_path / "runs" / "first" / f"{run['method']}-seed0"
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+        saved, start = model.state_dict(), AutoModelForCausalLM.from_pretrained(results["warmup_path"]).state_dict()
+        assert all(torch.equal(saved[k], v) for k, v in trained[run["method"]].items())
+        assert not all(torch.equal(saved[k], v) for k, v in start.items())  # it trained
+        assert tokenizer("6+9=")["input_ids"] == tiny_task.build_tokenizer()("6+9=")["input_ids"]
+        args = tt.Args(**results["methods"][run["method"]])
+        assert tt.evaluate(model.eval(), tokenizer, args, tt.held_out_problems(base), "cpu") == run["final"]
+
+
 def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="--device cuda was asked for, but torch .* finds no CUDA device here"):
