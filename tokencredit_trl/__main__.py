@@ -1,3 +1,3 @@
-from trl_bridge.trl_tokencredit import main
+from tokencredit_trl.tiny import main
 
 main()
