@@ -14,7 +14,7 @@ checks, no stats), alternating the two; it needs neither TRL nor the checkpoint.
 
 Stock TRL 1.16 scores left-padded prompts without position_ids, so GPT-2 reads them at shifted
 positions; bench/bench.py measures that error before each run and times TRL with the fix
-(trl_tokencredit.mask_positions), unless --stock-positions.
+(tokencredit_trl.mask_positions), unless --stock-positions.
 
 TRL is a benchmark-only dependency; set it up in a separate virtualenv:
 
@@ -80,7 +80,7 @@ def parse_args(argv=None):
     add("--no-trl", action="store_true", help="time train_tiny alone, even if TRL is installed")
     add("--stock-positions", action="store_true",
         help="time TRL as shipped, without the position-id fix (its log-probs are then wrong "
-             "for left-padded prompts; see trl_tokencredit.mask_positions)")
+             "for left-padded prompts; see tokencredit_trl.mask_positions)")
     loss = parser.add_argument_group("policy_loss speed check (instead of the comparison with TRL)")
     loss.add_argument("--loss", action="store_true",
                       help="time tokencredit.policy_loss forward+backward (mode token) against the "
@@ -249,7 +249,8 @@ def capture_profile(device):
 def make_trainer(args, ckpt, seed, updates, device, callbacks):
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
-    from trl_bridge.trl_tokencredit import mask_positions, tiny_setup
+    from tokencredit_trl import mask_positions
+    from tokencredit_trl.tiny import tiny_setup
     model, tokenizer = load(ckpt, device)
     config, dataset, reward_funcs = tiny_setup(args, seed, updates, device,
                                                tokenizer.eos_token_id, loss_type="grpo",
@@ -325,7 +326,7 @@ def run_alternating(args, ckpt, opt, tiny):
                                          [Alternate()])
     stock, fixed = position_error(trainer, fix, args, ckpt, opt.seed, opt.device)
     print(f"positions: TRL's log-probs differ from train_tiny.score's by {stock:.3f} nats per "
-          f"token as shipped, by {fixed:.1e} with trl_tokencredit.mask_positions "
+          f"token as shipped, by {fixed:.1e} with tokencredit_trl.mask_positions "
           f"({'not ' if opt.stock_positions else ''}used below)")
     if not opt.stock_positions:
         fix()

@@ -1,6 +1,6 @@
-"""trl_bridge/trl_tokencredit.py against TRL 1.16's own GRPOTrainer (needs TRL; skipped without it).
+"""tokencredit_trl against TRL 1.16's own GRPOTrainer (needs TRL; skipped without it).
 
-    .venv-bench/bin/python -m pytest -q tests/test_trl_tokencredit.py      # -s prints the differences
+    .venv-trl/bin/python -m pytest -q tests/test_trl_tokencredit.py   # -s prints the differences
 
 Every model here is built in code from a config (random weights, nothing downloaded): train_tiny's
 tiny GPT-2 unless a test names another family. A rollout batch is built the way TRL's
@@ -29,8 +29,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 import tokencredit as tc  # noqa: E402
 import tiny_task  # noqa: E402
 import train_tiny as tt  # noqa: E402
-from trl_bridge.trl_tokencredit import (Credit, TokenCreditGRPOTrainer, high_entropy_weights,  # noqa: E402
-                             resolve_credit)
+from tokencredit_trl.grpo_trainer import (Credit, TokenCreditGRPOTrainer,  # noqa: E402
+                                          high_entropy_weights, resolve_credit)
 
 TINY = tt.Args(n_layer=1, n_embd=32, n_head=2)
 G, MAX_COMPLETION = 4, 12
@@ -55,13 +55,13 @@ def prompts(n, seed=7):
     return Dataset.from_dict({"prompt": tiny_task.prompt_texts(problems)})
 
 
-def config(**settings):
+def config(cls=GRPOConfig, **settings):
     base = dict(output_dir=tempfile.mkdtemp(prefix="test-trl-tc-"), report_to="none",
                 save_strategy="no", use_cpu=True, bf16=False, activation_checkpointing=False,
                 disable_tqdm=True, seed=0, per_device_train_batch_size=2 * G, num_generations=G,
                 max_completion_length=MAX_COMPLETION, use_bias_correction_kl=False, top_k=0,
                 logging_steps=1)
-    return GRPOConfig(**{**base, **settings})
+    return cls(**{**base, **settings})
 
 
 def make_trainer(model, tokenizer, credit=None, cls=TokenCreditGRPOTrainer, eval_dataset=None,
@@ -149,7 +149,7 @@ def our_loss(trainer, inputs, credit=None):
     """The bridge's loss; with `credit`, that Credit resolved against the trainer's GRPOConfig."""
     credit = trainer.credit if credit is None else resolve_credit(credit, trainer.args)
     with setting(trainer, credit=credit):
-        return loss_and_grad(trainer.model, lambda: trainer._compute_loss(trainer.model, inputs))
+        return loss_and_grad(trainer.model, lambda: trainer.compute_loss(trainer.model, inputs))
 
 
 def split(inputs, rows):
@@ -452,6 +452,94 @@ def test_per_token_weights_trl_cannot_express(trainer):
     assert rel_grad > 0.05
 
 
+def vllm_is_ratio(inputs, mode, seed=3, clip_max=2.0):
+    """vLLM's importance-sampling weights as TRL 1.16's _generate_and_score_completions computes
+    them, from sampling log-probs (vLLM's) a little off the old ones: exp(old - sampling) per
+    token, or of its sum per row ("sequence_*"); "*_truncate" clamps at clip_max, "*_mask" sets
+    what exceeds it to 0."""
+    mask = inputs["completion_mask"]
+    noise = 0.6 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed))
+    diff = noise * mask  # old - sampling
+    ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+    assert (ratio > clip_max).any()  # the bound acts in this batch
+    if mode.endswith("truncate"):
+        return ratio.clamp(max=clip_max)
+    return ratio.masked_fill(ratio > clip_max, 0.0)
+
+
+IS_SETTINGS = [dict(loss_type="grpo"), dict(), dict(loss_type="bnpo"), dict(loss_type="dr_grpo"),
+               dict(loss_type="luspo", importance_sampling_level="sequence"),
+               dict(loss_type="grpo", importance_sampling_level="sequence"),  # GSPO
+               dict(loss_type="grpo", beta=0.04)]  # the KL is not weighted
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate",
+                                  "sequence_mask"])
+@pytest.mark.parametrize("settings", IS_SETTINGS, ids=[label(s) for s in IS_SETTINGS])
+def test_vllm_importance_sampling_weights_compose_with_the_credit(tokenizer, settings, mode):
+    """use_vllm with vllm_importance_sampling_correction (TRL's default): the loss and gradient
+    equal TRL's own loss given the same per-token weights; without vLLM here, the trainer is
+    told it uses vLLM and the batch carries the weights TRL would compute."""
+    trainer = make_trainer(tiny_model(tokenizer), tokenizer, **settings)
+    inputs = rollout_batch(trainer, LENGTHS, beta="beta" in settings)
+    inputs["importance_sampling_ratio"] = vllm_is_ratio(inputs, mode)
+    trainer.model.train()
+    without, _ = trl_loss(trainer, inputs)
+    with setting(trainer, use_vllm=True, vllm_importance_sampling_correction=True,
+                 vllm_importance_sampling_mode=mode):
+        assert_equal_to_trl(trainer, inputs, f"{label(settings)} {mode}")
+        trl, _ = trl_loss(trainer, inputs)
+    assert (trl - without).abs() > 1e-3  # the weights matter in this batch
+
+
+def test_vllm_importance_sampling_weights_multiply_cscrs(trainer):
+    """With per-token weights w (CSCR's) and vLLM's m: A_{i,t} = A_i w_{i,t} m_{i,t}, the plain
+    product, at token level."""
+    trainer.model.train()
+    inputs = rollout_batch(trainer, LENGTHS, seed=5)
+    mask = inputs["completion_mask"]
+    w = tc.cscr_weights(torch.rand(mask.shape, generator=torch.Generator().manual_seed(1)), mask,
+                        strength=2.0)
+    m = vllm_is_ratio(inputs, "token_truncate")
+    inputs["importance_sampling_ratio"] = m
+    with setting(trainer, use_vllm=True, vllm_importance_sampling_correction=True):
+        ours, our_grad = our_loss(trainer, inputs, Credit(mode="sample",
+                                                          token_weights_fn=lambda *a: w))
+    product = dict(inputs, advantages=inputs["advantages"][:, None] * w * m)
+    ref, ref_grad = our_loss(trainer, product, Credit(mode="sample"))  # no vLLM: no more weights
+    assert (ours - ref).abs() <= 1e-7 and (our_grad - ref_grad).abs().max() <= 1e-7
+
+
+def test_mask_truncated_completions_is_trls(tokenizer):
+    """mask_truncated_completions=True: the completions cut at max_completion_length get mask 0
+    in TRL's generation step, which the bridge keeps; the loss and gradient on that batch equal
+    TRL's (dapo, whose token count num_items_in_batch leaves the masked rows out)."""
+    trainer = make_trainer(tiny_model(tokenizer), tokenizer, mask_truncated_completions=True,
+                           max_completion_length=5)
+    trainer.model.train()
+    batch = [trainer.train_dataset[i] for i in range(2) for _ in range(G)]
+    torch.manual_seed(1)
+    trls = GRPOTrainer._generate_and_score_completions(trainer, batch)
+    torch.manual_seed(1)
+    ours = trainer._generate_and_score_completions(batch)
+    assert torch.equal(ours["completion_ids"], trls["completion_ids"])
+    ended = (ours["completion_ids"] == tokenizer.eos_token_id).any(dim=1)  # (N,)
+    assert 0 < ended.sum() < len(ended)  # both kinds in this batch
+    assert torch.equal(ours["completion_mask"], trls["completion_mask"])
+    assert (ours["completion_mask"][~ended] == 0).all() and (ours["completion_mask"][ended]
+                                                                .sum(dim=1) > 0).all()
+    assert ours["num_items_in_batch"] == ours["completion_mask"].sum()
+    trl, trl_grad = loss_and_grad(trainer.model, lambda: GRPOTrainer._compute_loss(
+        trainer, trainer.model, trls))
+    mine, my_grad = loss_and_grad(trainer.model, lambda: trainer.compute_loss(trainer.model,
+                                                                                ours))
+    print(f"\nmask_truncated_completions: {int((~ended).sum())} of {len(ended)} rows masked; "
+          f"loss max|diff| {(mine - trl).abs().item():.1e}, grad "
+          f"{(my_grad - trl_grad).abs().max().item():.1e}")
+    assert (mine - trl).abs() <= 1e-6 * max(1.0, trl.abs().item())
+    assert (my_grad - trl_grad).abs().max() <= 1e-5 * trl_grad.abs().max()
+
+
 def one_token(mask, value):  # weights of 1, `value` at the first token of row 0 (a real token)
     weights = torch.ones(mask.shape)
     weights[0, 0] = value
@@ -503,7 +591,7 @@ def test_token_normaliser_global_or_local_under_gradient_accumulation(trainer):
                 ("local", "bnpo", Credit(mode="token", token_count="local"))):
             with setting(trainer, credit=resolve_credit(credit, trainer.args),
                          loss_type=loss_type):
-                results[name] = accumulated(lambda p: trainer._compute_loss(trainer.model, p))
+                results[name] = accumulated(lambda p: trainer.compute_loss(trainer.model, p))
                 results[loss_type] = accumulated(
                     lambda p: GRPOTrainer._compute_loss(trainer, trainer.model, p))
     old, A, mask = inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
@@ -809,7 +897,7 @@ def test_a_short_batch_is_policy_loss_on_the_kept_rows_alone(tokenizer, mode):
     g = torch.Generator().manual_seed(1)
     noise = 0.5 * torch.randn(out["completion_mask"].shape, generator=g)
     out["old_per_token_logps"] = out["old_per_token_logps"] + noise  # so that the clip acts
-    ours = loss_and_grad(model, lambda: trainer._compute_loss(model, out))
+    ours = loss_and_grad(model, lambda: trainer.compute_loss(model, out))
 
     def plain(rows=8):
         kept = {k: v[:rows] for k, v in out.items() if torch.is_tensor(v) and v.dim() > 0}
@@ -833,7 +921,7 @@ def test_a_short_batch_is_policy_loss_on_the_kept_rows_alone(tokenizer, mode):
     with setting(trainer.args, steps_per_generation=2, gradient_accumulation_steps=2), \
             setting(trainer, current_gradient_accumulation_steps=2):
         halves = [split(out, torch.arange(8)), split(out, torch.arange(8, 16))]
-        accumulated = loss_and_grad(model, lambda: sum(trainer._compute_loss(model, h)
+        accumulated = loss_and_grad(model, lambda: sum(trainer.compute_loss(model, h)
                                                        for h in halves))
     assert (accumulated[0] - theirs[0]).abs() < 1e-6
     assert (accumulated[1] - theirs[1]).abs().max() < 1e-6
@@ -849,7 +937,7 @@ def test_dynamic_sampling_of_one_round_is_the_bridge_without_it(tokenizer):
         trainer = ds_trainer(tokenizer, tables, credit)
         out = first_batch(trainer)
         model = trainer.model
-        results.append((out, loss_and_grad(model, lambda: trainer._compute_loss(model, out))))
+        results.append((out, loss_and_grad(model, lambda: trainer.compute_loss(model, out))))
     (off, (loss_off, grad_off)), (on, (loss_on, grad_on)) = results
     for key in off:
         assert torch.equal(off[key], on[key]), key
@@ -965,7 +1053,7 @@ def test_cscr_of_strength_0_is_the_bridge_without_weights(tokenizer):
                                   generator=torch.Generator().manual_seed(2))
         out["old_per_token_logps"] = out["old_per_token_logps"] + noise
         model = trainer.model
-        results.append(loss_and_grad(model, lambda: trainer._compute_loss(model, out)))
+        results.append(loss_and_grad(model, lambda: trainer.compute_loss(model, out)))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     assert results[0][0].abs() > 1e-4
 
@@ -1019,7 +1107,7 @@ def test_smoke_training_with_dynamic_sampling_cscr_and_accumulation(tokenizer):
 def test_the_script_runs_train_tinys_presets():
     """--preset dapo / cscr: train_tiny's preset as a Credit and reward functions, flags given
     override it."""
-    from trl_bridge import trl_tokencredit as bridge
+    from tokencredit_trl import tiny as bridge
     args, opt = bridge.parse_args(["--preset", "dapo", "--steps", "3", "--eps-high", "0.3"])
     expected = {**tt.PRESETS["dapo"], "eps_high": 0.3}
     assert {k: getattr(args, k) for k in expected} == expected and opt.steps == 3
@@ -1040,6 +1128,91 @@ def test_the_script_runs_train_tinys_presets():
     with pytest.raises(SystemExit):
         bridge.parse_args(["--preset", "opsd"])
 
+
+
+def test_the_yaml_presets_are_the_flag_presets():
+    """examples/dapo.yaml and cscr.yaml, read by TrlParser, run what `python -m tokencredit_trl
+    --preset dapo` (or cscr) runs: the same GRPOConfig settings and the same resolved Credit."""
+    from tokencredit_trl import tiny, train
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for preset in ("dapo", "cscr"):
+        task, config, args = train.parse_args(
+            ["--config", os.path.join(root, "tokencredit_trl", "examples", f"{preset}.yaml")])
+        flags, opt = tiny.parse_args(["--preset", preset])
+        expected, _, funcs = tiny.tiny_setup(flags, 0, opt.steps, "cpu", 1)
+        for name in ("per_device_train_batch_size", "num_generations", "num_iterations",
+                     "max_steps", "steps_per_generation", "gradient_accumulation_steps",
+                     "max_completion_length", "temperature", "top_k", "top_p", "learning_rate",
+                     "lr_scheduler_type", "max_grad_norm", "weight_decay", "epsilon",
+                     "epsilon_high", "beta", "bf16", "seed", "shuffle_dataset",
+                     "mask_truncated_completions"):
+            assert getattr(config, name) == getattr(expected, name), (preset, name)
+        ours = resolve_credit(config.to_credit(), config)
+        theirs = resolve_credit(tiny.tiny_credit(flags), expected)
+        assert ours == theirs, preset
+        _, yaml_funcs = tiny.tiny_data(args, 0, 4, 1)
+        assert [f.__name__ for f in yaml_funcs] == [f.__name__ for f in funcs]
+        assert ((args.reward_wrong, args.max_new_tokens)
+                == (flags.reward_wrong, flags.max_new_tokens))
+
+
+def test_every_tokencredit_choice_is_a_plain_field_that_yaml_fills(tmp_path):
+    """TokenCreditGRPOConfig adds only str, float, int or bool fields (None allowed), each with
+    help; a YAML file fills them through TrlParser, a bad value fails when it is read, and the
+    callable is the trainer's argument."""
+    import typing
+    from trl import TrlParser
+    from tokencredit_trl import TokenCreditGRPOConfig
+    ours = [f for f in dataclasses.fields(TokenCreditGRPOConfig)
+            if f.name not in {g.name for g in dataclasses.fields(GRPOConfig)}]
+    assert len(ours) == len(dataclasses.fields(Credit)) - 1  # all but token_weights_fn
+    for f in ours:
+        kinds = set(typing.get_args(f.type)) - {type(None)} or {f.type}
+        assert kinds <= {str, float, int, bool} and len(kinds) == 1, f.name
+        assert f.metadata["help"], f.name
+    path = tmp_path / "run.yaml"
+    path.write_text(f"bf16: false\noutput_dir: {tmp_path}\nloss_type: grpo\n"
+                    "loss_mode: group_token\nbaseline: leave_one_out\nadv_eps: 1.0e-6\n"
+                    "dynamic_sampling: true\nmax_rounds: 2\ncscr_strength: 0.5\n"
+                    "cond_pos: 'Y'\ncond_neg: 'N'\n")
+    config, = TrlParser((TokenCreditGRPOConfig,)).parse_args_and_config(["--config", str(path)])
+    assert config.to_credit() == Credit(mode="group_token", baseline="leave_one_out", adv_eps=1e-6,
+                                        dynamic_sampling=True, max_rounds=2, cscr_strength=0.5,
+                                        cond_pos="Y", cond_neg="N")
+    path.write_text("bf16: false\noutput_dir: " + str(tmp_path) + "\nloss_mode: tokens\n")
+    with pytest.raises(ValueError, match="mode"):
+        TrlParser((TokenCreditGRPOConfig,)).parse_args_and_config(["--config", str(path)])
+    path.write_text("bf16: false\noutput_dir: " + str(tmp_path) + "\ncscr_strength: 1.0\n")
+    with pytest.raises(ValueError, match="cscr_strength needs cond_pos and cond_neg"):
+        TrlParser((TokenCreditGRPOConfig,)).parse_args_and_config(["--config", str(path)])
+
+
+def test_the_trainer_takes_the_config_fields_and_the_callable(tokenizer):
+    from tokencredit_trl import TokenCreditGRPOConfig
+    args = config(TokenCreditGRPOConfig, loss_type="grpo", baseline="leave_one_out")
+    weights = high_entropy_weights(0.5)
+    trainer = TokenCreditGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=odd_length,
+                                     args=args, train_dataset=prompts(16),
+                                     processing_class=tokenizer, token_weights_fn=weights)
+    assert (trainer.credit.mode, trainer.credit.baseline) == ("sample", "leave_one_out")
+    assert trainer.credit.token_weights_fn is weights
+    with pytest.raises(ValueError, match="not both"):
+        TokenCreditGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=odd_length, args=args,
+                               train_dataset=prompts(16), processing_class=tokenizer,
+                               credit=Credit(mode="token"))
+
+
+@pytest.mark.parametrize("version, accepted", [("1.16.0", True), ("1.16.3", True),
+                                               ("1.15.0", False), ("1.17.0", False),
+                                               ("2.0.0", False)])
+def test_the_trl_version_is_checked_at_import(version, accepted):
+    from tokencredit_trl import check_trl_version
+    if accepted:
+        check_trl_version(version)
+    else:
+        with pytest.raises(ImportError, match=f"tested on TRL >= 1.16.0, < 1.17 .*TRL {version} "
+                                              "is installed"):
+            check_trl_version(version)
 
 # -----------------------------------------------------------------------------
 # two processes (not a pytest test): torchrun --nproc_per_node 2 tests/test_trl_tokencredit.py

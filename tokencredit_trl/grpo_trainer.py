@@ -1,47 +1,35 @@
-"""trl_bridge/trl_tokencredit.py: TRL's GRPOTrainer with tokencredit's advantages and loss.
+"""tokencredit_trl/grpo_trainer.py: TRL's GRPOTrainer with tokencredit's advantages and loss.
 
-TokenCreditGRPOTrainer is TRL 1.16's GRPOTrainer (generation, rewards, reference model, accelerate,
+TokenCreditGRPOTrainer is TRL's GRPOTrainer (generation, rewards, reference model, accelerate,
 several GPUs) whose advantages are tokencredit.group_advantages and whose loss is
-tokencredit.policy_loss. GRPOConfig stays the source of truth: without `credit=` the trainer
-computes what TRL would (loss_type, scale_rewards, importance_sampling_level, top_entropy_quantile,
-epsilon, beta), or refuses at start what tokencredit cannot express. `credit=Credit(...)` adds
-what TRL has no setting for (mode "group_token", the leave-one-out baseline, per-token weights,
-DAPO's dynamic sampling, CSCR's re-scoring under c+ and c-) and may replace a setting left at TRL's
-default; one that disagrees with a setting you changed raises.
+tokencredit.policy_loss. GRPOConfig stays the source of truth: without tokencredit's choices the
+trainer computes what TRL would (loss_type, scale_rewards, importance_sampling_level,
+top_entropy_quantile, epsilon, beta, vLLM's importance-sampling correction), or refuses at start
+what tokencredit cannot express. tokencredit's choices come from TokenCreditGRPOConfig's fields
+(grpo_config.py: YAML, TrlParser) or, in Python, from `credit=Credit(...)`; they add what TRL has no
+setting for (mode "group_token", the leave-one-out baseline, per-token weights, DAPO's dynamic
+sampling, CSCR's re-scoring under c+ and c-) and may replace a setting left at TRL's default; one
+that disagrees with a setting you changed raises.
 
     trainer = TokenCreditGRPOTrainer(model=..., reward_funcs=..., train_dataset=...,
-                                     args=GRPOConfig(loss_type="grpo", ...),
-                                     credit=Credit(baseline="leave_one_out"))
-
-    python trl_bridge/trl_tokencredit.py --loss-mode sample --steps 60 --seed 0    # train_tiny's task
-    python trl_bridge/trl_tokencredit.py --preset dapo                             # or cscr, ...
+                                     args=TokenCreditGRPOConfig(loss_type="grpo",
+                                                                baseline="leave_one_out", ...))
 See docs/trl.md: the mapping, what is exact and tested, normalisers, positions, refusals.
 """
 
-import argparse
 import contextlib
 import dataclasses
 import logging
-import os
-import statistics
-import sys
-import tempfile
-import time
 import warnings
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-try:
-    from trl import GRPOConfig, GRPOTrainer
-    from trl.data_utils import is_conversational
-    from trl.trainer.utils import RepeatSampler, get_config_model_id, pad, split_tensor_dict
-except ImportError as error:  # TRL is a bench-only dependency
-    raise ImportError("trl_bridge/trl_tokencredit.py needs TRL 1.16: "
-                      "pip install -r bench/requirements.txt") from error
+from trl import GRPOConfig, GRPOTrainer
+from trl.data_utils import is_conversational
+from trl.trainer.utils import RepeatSampler, get_config_model_id, pad, split_tensor_dict
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
-import tokencredit as tc  # noqa: E402
+import tokencredit as tc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +196,19 @@ def high_entropy_weights(top_fraction: float = 0.2) -> Callable:
     return weights
 
 
+def with_sampling_correction(advantages, is_ratio, mask, ratio_level: str):
+    """A_{i,t} times vLLM's importance-sampling weight m (TRL's importance_sampling_ratio, (N, T)
+    or (N, 1), >= 0, computed without gradient). TRL multiplies its per-token loss by m, and
+    -min(rho A m, clip(rho) A m) = m (-min(rho A, clip(rho) A)) for m >= 0: the correction is one
+    more per-token weight of the credit. Under ratio_level "sequence" the advantages stay (N,)
+    and the per-token loss is one value per row, so the row's masked mean of m gives every
+    aggregation TRL's value. Returns (N, T), or (N,) for "sequence"."""
+    m = is_ratio.expand(mask.shape)  # (N, T)
+    if ratio_level == "sequence":
+        return advantages * (m * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (N,)
+    return (advantages if advantages.dim() == 2 else advantages[:, None]) * m  # (N, T)
+
+
 def assert_in_conversation(messages: list, cond: str) -> list:
     """CSCR's assertion in a chat prompt: `cond` before the content of the last user message,
     so that the chat template wraps it (never raw text before the template's tokens)."""
@@ -259,10 +260,22 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantages are tc.group_advantages and whose loss is tc.policy_loss."""
 
     def __init__(self, model, reward_funcs=None, args: Optional[GRPOConfig] = None, *more,
-                 credit: Optional[Credit] = None, **kwargs):
+                 credit: Optional[Credit] = None, token_weights_fn: Optional[Callable] = None,
+                 **kwargs):
+        """args: a TokenCreditGRPOConfig (its fields are tokencredit's choices) or a GRPOConfig
+        with `credit=Credit(...)` or none; token_weights_fn: the one choice that is code."""
         if args is None:  # TRL's default config (as GRPOTrainer makes it), to resolve Credit now
             name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = GRPOConfig(f"{name.split('/')[-1]}-GRPO")
+        if hasattr(args, "to_credit"):  # TokenCreditGRPOConfig (grpo_config.py imports this file)
+            if credit is not None:
+                raise ValueError("tokencredit's choices come from TokenCreditGRPOConfig's fields "
+                                 "or from credit=Credit(...) with a GRPOConfig, not both")
+            credit = args.to_credit()
+        if token_weights_fn is not None:
+            if credit is not None and credit.token_weights_fn is not None:
+                raise ValueError("token_weights_fn given twice: as an argument and in Credit")
+            credit = dataclasses.replace(credit or Credit(), token_weights_fn=token_weights_fn)
         self.credit = resolve_credit(credit, args, args.world_size)  # before the model loads
         with _without_trl_loss_warnings():
             super().__init__(model, reward_funcs, args, *more, **kwargs)
@@ -281,8 +294,6 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
             "delta (two-sided clipping)": a.delta is not None,
             "an entropy bonus (entropy_coef, use_adaptive_entropy)": self._entropy_bonus_enabled,
             "a MoE router aux loss": self.aux_loss_enabled,
-            "vLLM importance sampling correction":
-                self.use_vllm and self.vllm_importance_sampling_correction,
             "multi_objective_aggregation='normalize_then_sum'":
                 self.multi_objective_aggregation != "sum_then_normalize",
             "use_bias_correction_kl=True with beta > 0 (tokencredit's k3 has no ratio; set it "
@@ -387,6 +398,9 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         first = self.accelerator.process_index * n  # this process's rows, as TRL slices them
         out["advantages"] = advantages[first:first + n].to(device)
         out["tc_group"] = torch.arange(first, first + n, device=device) // G
+        if "importance_sampling_ratio" in out:  # (N, 1) in TRL's sequence modes: rounds pad it
+            out["importance_sampling_ratio"] = out["importance_sampling_ratio"].expand(
+                out["completion_mask"].shape).contiguous()  # (N, T)
         return out
 
     # ---- DAPO's dynamic sampling: tc.fill_batch over global rounds, on every process alike
@@ -468,7 +482,7 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
     PAD_SIDES = {"prompt_ids": "left", "prompt_mask": "left", "completion_ids": "right",
                  "completion_mask": "right", "old_per_token_logps": "right",
                  "ref_per_token_logps": "right", "sampling_per_token_logps": "right",
-                 "tool_mask": "right", "tc_weights": "right"}
+                 "tool_mask": "right", "tc_weights": "right", "importance_sampling_ratio": "right"}
     RECOMPUTED = ("advantages", "tc_group", "num_items_in_batch")
 
     def _pad_rules(self, out) -> dict:
@@ -587,7 +601,10 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
 
     # ---- the loss: tc.policy_loss on one micro-batch, scaled to the optimizer step
 
-    def _compute_loss(self, model, inputs):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's public seam (Trainer.compute_loss), in place of GRPOTrainer._compute_loss."""
+        if return_outputs:
+            raise ValueError("TokenCreditGRPOTrainer does not return outputs (as GRPOTrainer)")
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -611,6 +628,9 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
             weights = more if weights is None else weights * more
         if weights is not None:
             advantages = advantages[:, None] * weights  # (N, T): A_{i,t} = A_i w_{i,t}
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            advantages = with_sampling_correction(advantages, inputs["importance_sampling_ratio"],
+                                                  mask, c.ratio_level)
         G = self.num_generations if training else self.num_generations_eval
         real = inputs.get("tc_real")  # dynamic sampling: 0 on a short batch's fillers
         if real is None:
@@ -670,167 +690,3 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         for k, total in zip(keys, totals[2:]):
             self._metrics[mode][f"tc/{k}"].append(total / denom)
 
-
-# -----------------------------------------------------------------------------
-# train_tiny's task through TRL: its checkpoint, prompts, verifier and held-out evaluation
-
-def tiny_setup(args, seed: int, updates: int, device, eos_id: int, **config):
-    """GRPOConfig, dataset and reward functions for `updates` rollout batches of train_tiny's task,
-    set up as train_tiny trains: B x G samples at its temperature (no top-k/p), its budget,
-    learning rate, update_epochs optimizer steps per batch, grad clip 1.0, float32. `config`
-    overrides GRPOConfig fields. The reward functions: the verifier (first; it appends each
-    batch's mean completion length to verifier.lengths) and, with overlong_shaping, DAPO's soft
-    overlong penalty."""
-    import tiny_task
-    from datasets import Dataset
-    problems = tiny_task.ProblemStream(args, seed).next(args.prompts_per_step * updates)  # in order
-    dataset = Dataset.from_dict({"prompt": tiny_task.prompt_texts(problems), "terms": problems})
-    lengths = []
-
-    def verifier(prompts, completions, completion_ids, terms, **kwargs):
-        # TRL cuts each completion after its first <eos> and decodes it without special tokens
-        lengths.append(statistics.mean(len(ids) for ids in completion_ids))
-        return [args.reward_correct if tiny_task.verify(t, text, len(ids) > 0 and ids[-1] == eos_id)
-                else args.reward_wrong for text, ids, t in zip(completions, completion_ids, terms)]
-
-    verifier.lengths = lengths
-    reward_funcs = [verifier]
-    if args.overlong_shaping:  # DAPO's soft overlong punishment, a reward of its own: the
-        def overlong(completion_ids, **kwargs):  # dynamic sampling filters on the verifier's
-            lengths = torch.tensor([len(ids) for ids in completion_ids])  # tokens, <eos> too
-            return tc.overlong_penalty(lengths, args.max_new_tokens, args.overlong_cache).tolist()
-        reward_funcs.append(overlong)
-    settings = dict(
-        output_dir=tempfile.mkdtemp(prefix="trl-tokencredit-"), report_to="none",
-        save_strategy="no", disable_tqdm=True, use_cpu=torch.device(device).type == "cpu",
-        seed=seed, shuffle_dataset=False, dataloader_num_workers=0,
-        # one rollout batch = one optimizer batch = B prompts x G completions, update_epochs steps
-        per_device_train_batch_size=args.prompts_per_step * args.group_size,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=args.group_size,
-        num_iterations=args.update_epochs, max_steps=args.update_epochs * updates,
-        logging_steps=args.update_epochs, max_completion_length=args.max_new_tokens,
-        temperature=args.temperature, top_k=0, top_p=1.0, min_p=None, repetition_penalty=1.0,
-        beta=args.beta, use_bias_correction_kl=False, epsilon=args.eps_low,
-        epsilon_high=args.eps_high, mask_truncated_completions=False, learning_rate=args.lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        # GRPOConfig defaults to bf16 autocast and activation checkpointing; train_tiny runs in
-        # float32 and keeps its activations
-        bf16=False, fp16=False, activation_checkpointing=False)
-    return GRPOConfig(**{**settings, **config}), dataset, reward_funcs
-
-
-METHOD_FLAGS = ("loss_mode", "adv_scale", "baseline", "surrogate", "ratio_level", "eps_low",
-                "eps_high", "beta", "entropy_top", "reward_correct", "reward_wrong",
-                "dynamic_sampling", "max_sampling_rounds", "overlong_shaping", "overlong_cache",
-                "cscr_strength", "cscr_threshold", "cond_pos", "cond_neg", "device", "log_every")
-NOT_BRIDGED = ("opsd",)  # self-distillation: no loss of TRL's GRPOTrainer to put it in
-
-
-def parse_args(argv=None):
-    """Returns (train_tiny's Args with the flags given, the bridge's own options)."""
-    import train_tiny as tt
-    parser = argparse.ArgumentParser(
-        description="Train train_tiny's warm-up checkpoint on its task through "
-                    "TokenCreditGRPOTrainer\n(TRL's GRPOTrainer with tokencredit's advantages and "
-                    "loss); print the held-out accuracy before and after.",
-        epilog="As train_tiny: 16 prompts x 8 samples per rollout batch, 48 new tokens, "
-               "temperature 1, lr 1e-4,\n2 optimizer steps per batch, grad clip 1.0; the method "
-               "flags are train_tiny's, with its defaults.\nSee docs/trl.md.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    tt.add_arguments(parser, METHOD_FLAGS)
-    presets = [name for name in tt.PRESETS if name not in NOT_BRIDGED]
-    parser.add_argument("--preset", choices=presets, default=None,
-                        help="one of train_tiny's presets (its flags given override it); "
-                             "default: train_tiny's defaults (GRPO)")
-    parser.add_argument("--steps", type=int, default=60,
-                        help="rollout batches (train_tiny's policy updates) (default: 60)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the prompts and the sampling (default: 0)")
-    opt = vars(parser.parse_args(argv))
-    steps, seed, preset = opt.pop("steps"), opt.pop("seed"), opt.pop("preset")
-    preset = tt.PRESETS[preset] if preset else {}
-    args = dataclasses.replace(tt.Args(), **{**preset, **opt})  # the preset, then the flags
-    if steps < 1:
-        parser.error(f"--steps must be >= 1, got {steps}")
-    return args, argparse.Namespace(steps=steps, seed=seed)
-
-
-def tiny_credit(args) -> Credit:
-    """train_tiny's method as a Credit: every choice given, with train_tiny's eps (1e-6), its
-    dynamic sampling (on the verifier) and CSCR (strength 0: off, as in train_tiny)."""
-    top, cscr = args.entropy_top, args.cscr_strength > 0
-    return Credit(mode=args.loss_mode, surrogate=args.surrogate, ratio_level=args.ratio_level,
-                  adv_scale=args.adv_scale, baseline=args.baseline, adv_eps=1e-6,
-                  token_weights_fn=None if top == 1 else high_entropy_weights(top),
-                  dynamic_sampling=args.dynamic_sampling, max_rounds=args.max_sampling_rounds,
-                  filter_reward="verifier" if args.dynamic_sampling else None,
-                  cscr_strength=args.cscr_strength if cscr else None,
-                  cscr_threshold=args.cscr_threshold, cond_pos=args.cond_pos if cscr else None,
-                  cond_neg=args.cond_neg if cscr else None)
-
-
-def main(argv=None) -> dict:
-    import tiny_task
-    import train_tiny as tt
-    args, opt = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # TRL's names
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    tiny_task.quiet_transformers()
-    try:
-        tt.validate_args(args)
-        tt.check_method(args)
-        credit = tiny_credit(args)
-        device = tiny_task.pick_device(args.device)
-    except ValueError as error:  # a bad method flag, --device cuda without CUDA: one clear line
-        sys.exit(f"trl_bridge/trl_tokencredit.py: error: {error}")
-    if device.type == "mps":
-        device = torch.device("cpu")  # TRL on MPS is untested here
-    print(tiny_task.describe_device(device, args.device), flush=True)
-    runs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs")
-    _, tokenizer, ckpt = tiny_task.load_or_warm_up(args, device, runs)
-    held_out = tt.held_out_problems(args)
-    tiny_task.seed_everything(opt.seed)
-    model = AutoModelForCausalLM.from_pretrained(ckpt).to(device)
-    start = tt.evaluate(model.eval(), tokenizer, args, held_out, device)
-    print(f"start: held-out greedy {start['accuracy']:.3f}, sampled "
-          f"{start['sampled_accuracy']:.3f}", flush=True)
-
-    config, dataset, reward_funcs = tiny_setup(args, opt.seed, opt.steps, device,
-                                               tokenizer.eos_token_id)
-    begin = time.time()
-
-    class Progress(TrainerCallback):
-        def on_log(self, train_args, state, control, logs=None, **kw):
-            batch = state.global_step // args.update_epochs
-            if logs and "reward" in logs and (batch % args.log_every == 0
-                                              or batch in (1, opt.steps)):
-                rounds = (f" rounds {logs['ds/rounds']:.0f} kept {logs['ds/groups_kept']:.0f}"
-                          if "ds/rounds" in logs else "")
-                print(f"batch {batch:3d}/{opt.steps} reward {logs['reward']:.2f} length "
-                      f"{logs.get('completions/mean_length', float('nan')):.1f} entropy "
-                      f"{logs['entropy']:.3f} clip low {logs.get('tc/clip_frac_low', 0):.3f} "
-                      f"high {logs.get('tc/clip_frac_high', 0):.3f}{rounds} "
-                      f"({time.time() - begin:.0f} s)", flush=True)
-
-    trainer = TokenCreditGRPOTrainer(model=model, reward_funcs=reward_funcs, args=config,
-                                     train_dataset=dataset, processing_class=tokenizer,
-                                     callbacks=[Progress()], credit=credit)
-    for callback in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(callback)
-    trainer.train()
-    wall = time.time() - begin
-    model = trainer.accelerator.unwrap_model(trainer.model).eval()
-    end = tt.evaluate(model, tokenizer, args, held_out, model.device)
-    rounds = [r["ds/rounds"] for r in trainer.state.log_history if "ds/rounds" in r]
-    rounds = statistics.mean(rounds) if rounds else 1.0  # per rollout batch (= update)
-    print(f"end after {opt.steps} rollout batches ({wall:.0f} s, {wall / opt.steps:.2f} s and "
-          f"{rounds:.2f} generation rounds per batch): held-out greedy "
-          f"{start['accuracy']:.3f} -> {end['accuracy']:.3f}, sampled "
-          f"{start['sampled_accuracy']:.3f} -> {end['sampled_accuracy']:.3f}")
-    return dict(start=start, end=end, wall_s=wall, rounds=rounds)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# CI for the TRL bridge: its own virtualenv (.venv-trl: TRL's packages cannot share the core's
+# environment), pinned by .ci/constraints.txt and .ci/constraints-trl.txt, then the bridge's tests;
+# a skipped test fails the run. Called by .ci/run after the core suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv-trl
+find_links=()
+if [ -d /opt/wheels ]; then find_links=(--find-links /opt/wheels); fi  # local torch CPU wheel
+# Until pyproject.toml has the [trl] extra; then: pip install ".[trl]" with the same -c files.
+.venv-trl/bin/python -m pip install -q "${find_links[@]}" -r requirements.txt \
+    -r tokencredit_trl/requirements.txt -c .ci/constraints.txt -c .ci/constraints-trl.txt
+log=$(mktemp)
+.venv-trl/bin/python -m pytest -q -rs tests/test_trl_tokencredit.py | tee "$log"
+if grep -q "skipped" "$log"; then
+    echo "trl-env.sh: a TRL bridge test was skipped (above); none may be" >&2
+    exit 1
+fi

@@ -1,0 +1,3 @@
+from tokencredit_trl.tiny import main
+
+main()

@@ -1,3 +1,0 @@
-from trl_bridge.trl_tokencredit import main
-
-main()
