@@ -232,6 +232,32 @@ def test_settings_without_a_tokencredit_twin_are_refused():
         advantages("tokencredit_grpo", batch, AlgoConfig(norm_adv_by_std_in_grpo=False))
 
 
+# --- docs/verl.md's DAPO command --------------------------------------------------------------
+
+def test_the_documented_dapo_overrides_compose_with_verls_config():
+    """docs/verl.md's overrides, composed with verl's own ppo_trainer config, give verl's actor and
+    algorithm configs with tokencredit's names and DAPO's settings (composed, not run)."""
+    import re
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    page = open(os.path.join(root, "docs", "verl.md")).read()
+    command = re.search(r"```bash\npython -m verl.trainer.main_ppo (.*?)```", page, re.S).group(1)
+    overrides = [word for word in command.replace("\\\n", " ").split() if "=" in word]
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    algorithm = omega_conf_to_dataclass(config.algorithm)
+    assert get_policy_loss_fn(actor.policy_loss.loss_mode).keywords["group_token"]
+    assert get_adv_estimator_fn(algorithm.adv_estimator).keywords["group_token"]
+    assert (actor.loss_agg_mode, actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c,
+            actor.use_kl_loss, actor.rollout_n) == ("seq-mean-token-sum", 0.2, 0.28, float("inf"),
+                                                   False, 16)
+    assert (algorithm.filter_groups.enable, algorithm.filter_groups.metric) == (True, "acc")
+    assert config.reward.reward_kwargs.overlong_buffer_cfg.len == 4096
+
+
 # --- the entry point ---------------------------------------------------------------------
 
 def test_import_verl_registers_the_names_through_the_entry_point(tmp_path):
