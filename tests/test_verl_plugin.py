@@ -50,7 +50,7 @@ def make_batch(seed=0):
     perm = torch.randperm(N, generator=g)  # verl's row order: groups interleaved
     uid = np.array([f"prompt-{n // G}" for n in range(N)], dtype=object)[perm.numpy()]
     score_at_end = torch.zeros(N, T)
-    score_at_end[torch.arange(N), lengths - 1] = rewards.reshape(N)  # verl: reward on the last token
+    score_at_end[torch.arange(N), lengths - 1] = rewards.reshape(N)  # on the last token, as verl
     return dict(logp=logp[perm], old_logp=old_logp[perm], mask=mask[perm], uid=uid,
                 token_level_rewards=score_at_end[perm], perm=perm)
 
@@ -271,9 +271,10 @@ def test_import_verl_registers_the_names_through_the_entry_point(tmp_path):
            if key not in ("PYTHONPATH", "VERL_USE_EXTERNAL_PLUGINS")}
     printed = {}
     for policy in ("auto", "none"):
+        run_env = dict(env, VERL_USE_EXTERNAL_PLUGINS=policy)
         done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=300, env=dict(env, VERL_USE_EXTERNAL_PLUGINS=policy))
+                              text=True, timeout=300, env=run_env)
         assert done.returncode == 0, done.stderr[-2000:]
         printed[policy] = done.stdout.split()[-3:]
     assert printed == {"auto": ["True"] * 3, "none": ["False"] * 3}, (
-        f"{printed}: is the project installed (pip install -e .), with its verl.plugins entry point?")
+        f"{printed}: is the project installed (pip install -e .), with its entry point?")

@@ -5,10 +5,10 @@ is one, so `import verl` registers in verl.trainer.ppo.core_algos:
 
 policy losses (actor_rollout_ref.actor.policy_loss.loss_mode=NAME), verl's clip settings
 (clip_ratio_low, clip_ratio_high; clip_ratio when they are None):
-    tokencredit              PPO-clip on the token ratio, with verl's dual clip (clip_ratio_c: a token
-                             with A < 0 loses at most -A * clip_ratio_c; inf turns it off)
-    tokencredit_gspo         GSPO's sequence ratio s_i [7 in tokencredit.py], no dual clip, as verl's gspo
-    tokencredit_gspo_token   GSPO-token's sg[s_i] pi / sg[pi], no dual clip, as verl's gspo
+    tokencredit              PPO-clip on the token ratio, with verl's dual clip (clip_ratio_c: a
+                             token with A < 0 loses at most -A * clip_ratio_c; inf: none)
+    tokencredit_gspo         GSPO's sequence ratio s_i, no dual clip (as verl's gspo)
+    tokencredit_gspo_token   GSPO-token's sg[s_i] pi / sg[pi], no dual clip (as verl's gspo)
     tokencredit_group_token  DAPO's per-prompt token mean as printed [3]: advantages from a
                              *_group_token estimator, loss_agg_mode seq-mean-token-sum
   loss_agg_mode (the other three): token-mean, seq-mean-token-mean, seq-mean-token-sum-norm, which
