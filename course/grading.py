@@ -1,14 +1,24 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
-The driver (this process) is a child subreaper: every process a submission starts, detached or
-not, stays its descendant. It starts the judge workers (course/judge.py) before any submission
-is read, hands each its copy of the tests (checked by hash), then grades one submission at a
-time: exercise k of a submission is one job, a child process of its own with the instructor's
-limits. After each submission, and before anything is written, it kills every process that is
-not a judge or a judge's zygote.
+The driver (this process) starts the judge workers (course/judge.py) before any submission is
+read, hands each its copy of the tests (checked by hash), then grades one submission at a time:
+exercise k of a submission is one job, a child process of its own with the instructor's limits.
+
+Isolation is bubblewrap's (bwrap, a maintained sandbox; `sandbox_argv`). Each judge worker keeps
+a zygote (course/child.py: torch loaded, no student code) inside a sandbox of its own: its own
+PID, mount, network, IPC and user namespaces, a size-limited tmpfs as its only writable folder,
+read-only views of the Python installation and the child's two files, nothing else (no class
+folder, no tests, no reference, no /proc but its own). The zygote forks one child per exercise.
+When a batch of jobs (one submission, or the reference's check) is done the driver says "end",
+and each worker that used its sandbox kills it whole (its PID 1 goes, so does every process in
+it) and starts a fresh one for the next batch. As root each sandbox also runs as a uid of its
+own (SANDBOX_UID + n), so no two submissions share a user even outside their namespaces. Where
+bwrap cannot run, the grader says "no sandbox" in its report and the CSV, and grade-all refuses
+without --no-sandbox-ok (docs/instructors.md says what is then unprotected). What a child sends
+is bounded (course/judge.py, course/protocol.py): each message whole by the test's deadline,
+its header parsed only under 2 MB, its text escaped.
 """
 
-import ctypes
 import hashlib
 import json
 import os
@@ -16,7 +26,6 @@ import re
 import secrets
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -40,8 +49,9 @@ LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the
     test_s=10.0,  # wall time for one test
     memory_mb=2048,  # memory the student's process may add to what torch takes
     file_mb=16,  # the largest file it may write (its printed output goes to one)
-    processes=64,  # processes of the student's user (enforced when it is not root)
+    processes=64,  # processes of the student's user (RLIMIT_NPROC)
     cpu_s=240,  # CPU time of the student's process
+    disk_mb=64,  # all it writes, together (its sandbox's tmpfs)
 )
 LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
                "test time": "the time limit ({test_s:g} s per test)",
@@ -51,7 +61,9 @@ LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
                "output size": "the output size limit (256 MB per answer)",
                "malformed": "the grader's protocol (it answered malformed data)",
                "died": "no limit: its process died"}
-PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
+SANDBOX_UID = 1_500_000_000  # as root, worker w's n-th sandbox runs as uid + 100000 w + n
+NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
+              "user and can read, signal and write what it can")
 SAME_NOTE = "the published reference's code, statement for statement (not run): the student's own?"
 
 
@@ -64,63 +76,81 @@ def sha(*parts) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def prctl(option: int, value: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def descendants(root: int) -> dict:
-    """{pid: (ppid, state)} of every live process below root, from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            table[int(entry)] = (int(fields[1]), fields[0])
-    children = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out[pid] = table[pid]
-        todo += children.get(pid, [])
+def python_dirs() -> list:
+    """The folders of this Python and its packages outside /usr: all a sandbox needs to run."""
+    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
+    found += [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    found = sorted({q for p in found if os.path.isdir(p) for q in (p, os.path.realpath(p))})
+    out = []
+    for path in found:
+        if not any(path == d or path.startswith(d.rstrip("/") + "/") for d in out + ["/usr"]):
+            out.append(path)
     return out
 
 
-def student_user(preferred=None):
-    """(uid, gid) the students' code runs as when the grader is root: COURSE_USER, else the
-    bundle's user, else nobody. None when the grader is not root."""
-    if os.geteuid() != 0:
+def sandbox_argv(code_dir: str, disk_mb: int) -> list:
+    """bwrap's command line: new namespaces (user, PID, mount, network, IPC, UTS, cgroup), killed
+    with its parent, no new user namespace inside; read-only /usr, this Python and code_dir (as
+    /course); a tmpfs of disk_mb at /tmp, the only place it can write; its own /proc and /dev."""
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr"]
+    for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(name):
+            argv += ["--symlink", os.readlink(name), name]
+        elif os.path.isdir(name):
+            argv += ["--ro-bind", name, name]
+    argv += ["--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
+    for path in python_dirs():
+        argv += ["--ro-bind", path, path]
+    return argv + ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
+                   "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
+                   "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+
+
+def find_sandbox():
+    """{"uid": the first sandbox uid, or None to keep the grader's} if bwrap runs a Python here,
+    as root under a uid of its own where it can; else None."""
+    if shutil.which("bwrap") is None:
         return None
-    import pwd
-    for name in (os.environ.get("COURSE_USER"), preferred, "nobody"):
-        if name:
+    code = tempfile.mkdtemp(prefix="course-probe-")
+    os.chmod(code, 0o755)
+    try:
+        for uid in ([SANDBOX_UID, None] if os.geteuid() == 0 else [None]):
             try:
-                entry = pwd.getpwnam(name)
-                return entry.pw_uid, entry.pw_gid
-            except KeyError:
+                done = subprocess.run(sandbox_argv(code, 1) + [sys.executable, "-E", "-s", "-c",
+                                                               "pass"],
+                                      user=uid, group=uid, extra_groups=[] if uid else None,
+                                      stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+            except (OSError, subprocess.SubprocessError):
                 continue
-    return 65534, 65534
+            if done.returncode == 0:
+                return dict(uid=uid)
+        return None
+    finally:
+        os.rmdir(code)
+
+
+def clean(x):
+    """A worker's message with every string safe to print (a student's lone surrogate)."""
+    if isinstance(x, str):
+        return x.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    if isinstance(x, dict):
+        return {clean(k): clean(v) for k, v in x.items()}
+    return x
 
 
 class Driver:
     """The judge workers and the one-submission-at-a-time loop."""
 
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
-                 workers=None, user="auto"):
+                 workers=None):
         self.limits = dict(LIMITS, **(limits or {}))
         self.seed, self.workers, self.pool = seed, workers or min(2, os.cpu_count() or 1), []
-        self.user = student_user() if user == "auto" else \
-            student_user(user[5:]) if isinstance(user, str) and user.startswith("name:") else user
+        self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
-        os.chmod(self.private, 0o711 if self.user else 0o700)
         tests_dir = os.path.join(self.private, "tests")
         os.makedirs(tests_dir, mode=0o700)
         self.hashes = {}
@@ -130,10 +160,8 @@ class Driver:
                 self.hashes[name] = hashlib.sha256(f.read()).hexdigest()
         self.config = dict(private=self.private, tests_dir=tests_dir, hashes=self.hashes,
                            files=[n for n in tests if n.endswith(".py")], seed=seed,
-                           constants=consts, functions=list(function_names), limits=self.limits,
-                           user=self.user, jail=self.user is not None)
-        self.subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1)
-        self.tests = None
+                           constants=consts, functions=list(function_names), limits=self.limits)
+        self.tests, self.started = None, 0
         for _ in range(self.workers):
             self.pool.append(self.start_worker())
         for worker in self.pool:
@@ -150,7 +178,10 @@ class Driver:
                                    pass_fds=[theirs.fileno()], cwd=self.private, env=env,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         theirs.close()
-        ours.sendall(json.dumps(self.config).encode() + b"\n")
+        box = self.sandbox and dict(uid=self.sandbox["uid"] and self.sandbox["uid"]
+                                    + 100000 * (self.started % 1000))
+        self.started += 1
+        ours.sendall(json.dumps(dict(self.config, sandbox=box)).encode() + b"\n")
         return dict(process=process, channel=ours, buffer=b"", job=None, log=log, ready=False)
 
     def wait_ready(self, worker) -> None:
@@ -162,9 +193,10 @@ class Driver:
         worker["ready"], self.tests = True, message["tests"]
 
     def next_message(self, worker, deadline):
+        """The worker's next line as a dict, or None by the deadline (or if it is not one)."""
         while b"\n" not in worker["buffer"]:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or len(worker["buffer"]) > 1 << 28:
                 return None
             ready, _, _ = select.select([worker["channel"]], [], [], remaining)
             if not ready:
@@ -174,7 +206,11 @@ class Driver:
                 return None
             worker["buffer"] += data
         line, worker["buffer"] = worker["buffer"].split(b"\n", 1)
-        return json.loads(line)
+        try:
+            message = clean(json.loads(line))
+        except (ValueError, RecursionError):
+            return None
+        return message if isinstance(message, dict) else None
 
     def kill_worker(self, worker) -> None:
         try:
@@ -209,8 +245,9 @@ class Driver:
                         if not gone:
                             continue
                 if message is not None:
-                    results[message["id"]] = message
-                    worker["job"] = None
+                    if message.get("id") == worker["job"]["id"]:  # any other line is no answer
+                        results[message["id"]] = message
+                        worker["job"] = None
                 elif worker["process"].poll() is not None or time.monotonic() > worker["deadline"]:
                     job = worker["job"]
                     results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
@@ -219,57 +256,19 @@ class Driver:
                     self.kill_worker(worker)
                     self.pool[self.pool.index(worker)] = fresh = self.start_worker()
                     self.wait_ready(fresh)
-        return [results[n] for n in range(len(jobs))]
-
-    def sweep(self) -> int:
-        """Kill every process below this one that is not a judge or a judge's zygote: all that
-        a submission started, detached children included. Returns how many were killed."""
-        judges = {w["process"].pid for w in self.pool}
-        killed = 0
-        for _ in range(100):
-            found = descendants(os.getpid())
-            keep = judges | {p for p, (ppid, _) in found.items() if ppid in judges}
-            targets = [p for p, (_, state) in found.items() if p not in keep and state != "Z"]
-            for pid in targets:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
-            while True:  # reap the orphans that came to this process
-                try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-            if not targets:
-                return killed
-            time.sleep(0.01)
-        return killed
-
-    def kill_user(self) -> None:
-        """Every process of the students' user, wherever it is (a dedicated user only)."""
-        if not self.user or self.user[0] in (0, 65534):
-            return
-        pid = os.fork()
-        if pid == 0:
+        for worker in self.pool:  # the batch is done: its sandboxes go, fresh ones come
             try:
-                os.setgid(self.user[1])
-                os.setuid(self.user[0])
-                os.kill(-1, signal.SIGKILL)
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
+                worker["channel"].sendall(b'{"end": true}\n')
+            except OSError:
+                pass
+        return [results[n] for n in range(len(jobs))]
 
     def close(self) -> None:
         """The judges hold nothing left to say: killed, not asked (a Python with torch takes
-        a second to exit); the sweep then takes their zygotes, orphaned to this process."""
+        a second to exit); their sandboxes die with them (--die-with-parent)."""
         for worker in self.pool:
             self.kill_worker(worker)
             worker["log"].close()
-        self.sweep()
-        self.kill_user()
         shutil.rmtree(self.private, ignore_errors=True)
 
 
@@ -502,11 +501,11 @@ class Grader:
     the reference's exercise k blank in the child's copy)."""
 
     def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None,
-                 workers=None, user="auto"):
+                 workers=None):
         self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
         self.in_order, self.seed = reference is None, seed
         self.limits = dict(LIMITS, **(limits or {}))
-        self.tests, self.workers, self.user = tests or test_files(), workers, user
+        self.tests, self.workers = tests or test_files(), workers
         self.driver = None
         self.plan = scheme(mapping, self.exercises, self.in_order)
         self.reference_fails = {}  # fresh test: whether the reference fails it at this seed
@@ -517,7 +516,7 @@ class Grader:
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
-                                 workers or self.workers, self.user)
+                                 workers or self.workers)
 
     def tests_of(self, k) -> list:
         return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
@@ -561,8 +560,8 @@ class Grader:
         return out
 
     def grade(self, source: str, label="tokencredit.py", only=None) -> list:
-        """One row per exercise (of `only`, else of the set). Every process the submission
-        started is gone before this returns."""
+        """One row per exercise (of `only`, else of the set), each graded in the submission's own
+        sandboxes."""
         exercises = [k for k in self.exercises if not only or k in only]
         try:
             compile(source, label, "exec", dont_inherit=True)
@@ -575,10 +574,7 @@ class Grader:
         ran = []
         if jobs:
             self.start(min(self.workers or 2, len(jobs)))
-            try:
-                ran = self.driver.run(jobs)
-            finally:
-                self.driver.sweep()
+            ran = self.driver.run(jobs)
         results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
                    else ran.pop(0) for k in exercises]
         for k, result in zip(exercises, results):
@@ -611,7 +607,6 @@ class Grader:
         check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
                                        reference=None, names=list(EXERCISE_OF), tests=failed,
                                        limit=self.limits["time_s"] * 4)])
-        self.driver.sweep()
         for t in failed:
             self.reference_fails[t] = bool(check["results"].get(t, "did not run"))
         bad = [t for t in failed if self.reference_fails[t]]
