@@ -27,6 +27,7 @@ import secrets
 import select
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -614,6 +615,14 @@ class Grader:
             print(f"course: seed {self.seed}: the reference fails {bad}; they count for no one",
                   file=sys.stderr)
 
+    def sandbox_line(self) -> str:
+        """What isolated the students' code, for the report."""
+        box = self.driver.sandbox if self.driver else find_sandbox()
+        if box is None:
+            return "NO SANDBOX: " + NO_SANDBOX
+        return ("sandbox: bubblewrap, each submission alone (its own PID, mount, network and user "
+                "namespaces" + (", its own uid" if box["uid"] else "") + ")")
+
     def close(self) -> None:
         if self.driver is not None:
             self.driver.close()
@@ -625,17 +634,77 @@ def zero_rows(exercises, why: str) -> list:
             for k in exercises]
 
 
+SOURCE_LIMIT = 2 ** 20  # bytes of a submission's tokencredit.py read at most
+WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, at most
+
+
+def shown(name) -> str:
+    """A file name (str or bytes) as text that prints anywhere and names one file only: bytes
+    that are not UTF-8 as \\xNN, a backslash as \\\\, other unprintables escaped."""
+    raw = os.fsencode(name)
+    out = []
+    for c in raw.decode("utf-8", "surrogateescape"):
+        if "\udc80" <= c <= "\udcff":
+            out.append(f"\\x{ord(c) - 0xdc00:02x}")
+        elif c == "\\" or not c.isprintable():
+            out.append(c.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def walk(folder: str) -> list:
+    """Every entry below folder (os.DirEntry), shallowest first, no link followed; ValueError
+    past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into)."""
+    levels, most = WALK_LIMIT
+    out, todo = [], [(folder, 1)]
+    while todo:
+        here, depth = todo.pop(0)
+        with os.scandir(here) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                out.append(entry)
+                if len(out) > most:
+                    raise ValueError(f"{shown(folder)} holds more than {most} files: not read")
+                if entry.is_dir(follow_symlinks=False):
+                    if depth >= levels:
+                        raise ValueError(f"{shown(folder)} is more than {levels} folders deep: "
+                                         "not read")
+                    todo.append((entry.path, depth + 1))
+    return out
+
+
+def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
+    """A student's file as text: a regular file (never through a link, never a FIFO or a
+    device), at most `limit` bytes of UTF-8. ValueError says why not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        why = "a symbolic link" if os.path.islink(path) else error.strerror
+        raise ValueError(f"{shown(path)} is not read: {why}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{shown(path)} is not a regular file (a folder, a FIFO or a "
+                             "device): not read")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{shown(path)} is over {limit} bytes: not read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{shown(path)} is not UTF-8 text ({error.reason} at byte "
+                         f"{error.start})") from None
+
+
 def find_student(path: str) -> tuple:
-    """(the submission's tokencredit.py, the other files beside it): a file, or a folder holding
-    one (the shallowest). Nothing in the folder chooses how it is graded."""
-    if not os.path.isdir(path):
-        return path, []
-    found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
-                   for name in names if name == "tokencredit.py")
+    """(the submission's tokencredit.py, its text, the other files beside it): a file, or a
+    folder holding one (the shallowest). Nothing in the folder chooses how it is graded."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return path, read_submission(path), []
+    entries = walk(path)
+    found = [e.path for e in entries if e.name == "tokencredit.py"]
     if not found:
-        raise ValueError(f"{path} holds no tokencredit.py")
+        raise ValueError(f"{shown(path)} holds no tokencredit.py")
     chosen = min(found, key=lambda p: (p.count(os.sep), p))
-    others = sorted(os.path.relpath(os.path.join(root, name), path)
-                    for root, _, names in os.walk(path) for name in names
-                    if os.path.join(root, name) != chosen)
-    return chosen, others
+    others = [shown(os.path.relpath(e.path, path)) for e in entries
+              if e.path != chosen and not e.is_dir(follow_symlinks=False)]
+    return chosen, read_submission(chosen), others
