@@ -120,7 +120,7 @@ raise ValueError(f"wrote {_n} bytes")
     "a-surrogate": '''
 def group_advantages(*args, **kwargs):
     raise ValueError("lone \\udc80 surrogate \\ud800")
-raise TypeError("at load \\udcff")
+print("at load \\udcff")
 ''',
 }
 
@@ -136,17 +136,7 @@ def write_class(folder, classmates=True) -> dict:
     for name, extra in ATTACKS.items():
         (folder / f"{name}.py").write_text(BASE + extra)
     if classmates:
-        os.mkfifo(folder / "b-fifo.py")
-        deep = os.open(folder, os.O_RDONLY)
-        for name in ["b-deep"] + ["d"] * 1100:  # a tree 1,100 levels deep, a file at its bottom
-            os.mkdir(name, dir_fd=deep)
-            inner = os.open(name, os.O_RDONLY, dir_fd=deep)
-            os.close(deep)
-            deep = inner
-        with open(os.open("tokencredit.py", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=deep),
-                  "w") as f:
-            f.write(REFERENCE)
-        os.close(deep)
+        tricks(folder)
         (folder / "b-bob.py").write_text(REFERENCE)
         (folder / "b-bob").mkdir()
         (folder / "b-bob" / "tokencredit.py").write_text(REFERENCE)
@@ -154,7 +144,6 @@ def write_class(folder, classmates=True) -> dict:
             f.write(BASE)
         (folder / "=2+3.py").write_text(BASE)
         (folder / "....py").write_text(BASE)
-        (folder / "b-link.py").symlink_to(folder / "zz-correct.py")
         (folder / "b-linkdir").mkdir()
         (folder / "b-linkdir" / "tokencredit.py").symlink_to(folder / "zz-correct.py")
     (folder / "zz-correct.py").write_text(REFERENCE.replace(  # correct, and run: not a copy
@@ -163,6 +152,21 @@ def write_class(folder, classmates=True) -> dict:
     (folder / "zz-plant.py").write_text(source.apply_edits(REFERENCE, PLANT[2]))
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and
             not p.is_symlink() and p.name != "b-fifo.py"}
+
+
+def tricks(folder) -> None:
+    """A FIFO, a tree 1,100 levels deep and a link to a classmate's correct file."""
+    os.mkfifo(folder / "b-fifo.py")
+    deep = os.open(folder, os.O_RDONLY)
+    for name in ["b-deep"] + ["d"] * 1100:  # tokencredit.py at its bottom
+        os.mkdir(name, dir_fd=deep)
+        inner = os.open(name, os.O_RDONLY, dir_fd=deep)
+        os.close(deep)
+        deep = inner
+    with open(os.open("tokencredit.py", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=deep), "w") as f:
+        f.write(REFERENCE)
+    os.close(deep)
+    (folder / "b-link.py").symlink_to(folder / "zz-correct.py")
 
 
 def rows_of(csv_path) -> dict:
@@ -199,12 +203,12 @@ def test_classmates_keep_their_grades_and_every_attack_gets_nothing(klass):
 
 
 def test_answers_that_dribble_balloon_or_fill_the_disk_are_cut(klass):
-    _, _, rows, took, _ = klass
+    tmp, _, rows, took, _ = klass
     assert "time limit" in rows["a-dribble"]["notes"], rows["a-dribble"]["notes"]
     assert "output size limit" in rows["a-json"]["notes"], rows["a-json"]["notes"]
     wrote = int(rows["a-files"]["notes"].split("wrote ")[1].split(" bytes")[0])
     assert wrote <= grading.LIMITS["disk_mb"] << 20, wrote  # not 64 x 15 MB
-    assert "\\udc80" in rows["a-surrogate"]["notes"] or "\\udcff" in rows["a-surrogate"]["notes"]
+    assert "\\udc80" in open(tmp / "out" / "gs" / "a-surrogate" / "results.json").read()
     assert took < 600
 
 
@@ -223,12 +227,13 @@ def test_file_names_in_a_class_give_one_safe_row_each(klass):
     assert (tmp / "out" / "gs" / "b-caf%E9" / "results.json").exists()
 
 
-def test_grade_path_refuses_or_cuts_each_file_attack(klass, tmp_path):
-    tmp, _, _, _, _ = klass
-    folder = tmp / "class"
+def test_grade_path_refuses_or_cuts_each_file_attack(tmp_path):
+    (tmp_path / "zz-correct.py").write_text(REFERENCE)
+    tricks(tmp_path)
     for name in ("b-fifo.py", "b-deep", "b-link.py"):
-        done = run("grade", folder / name, "--set", "grpo", timeout=60)
+        done = run("grade", tmp_path / name, "--set", "grpo", timeout=60)
         assert done.returncode == 0 and b"total 0.0/30" in done.stdout, (name, done)
+    subprocess.run(["rm", "-rf", str(tmp_path / "b-deep")])
     (tmp_path / "s.py").write_text(BASE + ATTACKS["a-surrogate"])
     done = run("grade", tmp_path / "s.py", "--set", "grpo", "-e", "1", "--seed", SEED)
     assert done.returncode == 0 and b"0.0/10" in done.stdout and b"\\udc80" in done.stdout, done
