@@ -115,30 +115,21 @@ def students_of(folder: str) -> list:
         path = os.path.join(folder, os.fsdecode(entry))
         if os.path.islink(path) or os.path.isdir(path) or entry.endswith(b".py"):
             found.setdefault(entry[:-3] if entry.endswith(b".py") else entry, []).append(path)
-    out = []
-    for name, paths in found.items():
-        why = (None if len(paths) == 1 else " and ".join(shown(p) for p in paths)
-               + " both handed in: neither is graded, say which counts")
-        why = why or (f"{shown(paths[0])} is a symbolic link: not read" if
-                      os.path.islink(paths[0]) else None)
-        out.append((name, paths[0], why))
-    return out
+    return [(name, paths[0], " and ".join(map(shown, paths)) + " both handed in: neither is "
+             "graded, say which counts" if paths[1:] else f"{shown(paths[0])} is a symbolic "
+             "link: not read" if os.path.islink(paths[0]) else None)
+            for name, paths in found.items()]
 
 
 def cell(value) -> str:
     """A CSV cell that a spreadsheet shows as text: never a formula (=, +, -, @, tab, CR)."""
-    text = str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    return "'" + str(value) if str(value)[:1] in ("=", "+", "-", "@", "\t", "\r") else str(value)
 
 
 def folder_of(out: str, name: bytes) -> str:
-    """OUT/NAME for a student's results.json: NAME percent-quoted (no /, no leading dot), so
-    never outside OUT."""
-    safe = quote(name, safe="")
-    safe = "%" if not safe else "%2E" + safe[1:] if safe[0] == "." else safe
-    path = os.path.join(out, safe)
-    assert os.path.dirname(path) == out.rstrip(os.sep) or out == "", path
-    return path
+    """OUT/NAME for a student's results.json: NAME percent-quoted (no /, no leading dot)."""
+    safe = quote(name, safe="") or "%"
+    return os.path.join(out, "%2E" + safe[1:] if safe[0] == "." else safe)
 
 
 def cmd_grade_all(args) -> None:

@@ -77,70 +77,46 @@ def sha(*parts) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def python_dirs() -> list:
-    """The folders of this Python and its packages outside /usr: all a sandbox needs to run."""
-    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
-    found += [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
-    found = sorted({q for p in found if os.path.isdir(p) for q in (p, os.path.realpath(p))})
-    out = []
-    for path in found:
-        if not any(path == d or path.startswith(d.rstrip("/") + "/") for d in out + ["/usr"]):
-            out.append(path)
-    return out
-
-
 def sandbox_argv(code_dir: str, disk_mb: int) -> list:
     """bwrap's command line: new namespaces (user, PID, mount, network, IPC, UTS, cgroup), killed
     with its parent, no new user namespace inside; read-only /usr, this Python and code_dir (as
     /course); a tmpfs of disk_mb at /tmp, the only place it can write; its own /proc and /dev."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr"]
-    for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
-        if os.path.islink(name):
-            argv += ["--symlink", os.readlink(name), name]
-        elif os.path.isdir(name):
-            argv += ["--ro-bind", name, name]
-    argv += ["--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
-    for path in python_dirs():
+            "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr",
+            "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
+    for name in ("/bin", "/sbin", "/lib", "/lib64"):
+        argv += ["--symlink", os.readlink(name), name] if os.path.islink(name) else [
+            "--ro-bind-try", name, name]
+    pythons = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(
+        sys.executable)))] + [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    for path in sorted({q for p in pythons if os.path.isdir(p) for q in (p, os.path.realpath(p))
+                        if not q.startswith("/usr/")}):
         argv += ["--ro-bind", path, path]
     return argv + ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
-                   "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
-                   "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+                   "--chdir", "/tmp"]
 
 
 def find_sandbox():
-    """{"uid": the first sandbox uid, or None to keep the grader's} if bwrap runs a Python here,
-    as root under a uid of its own where it can; else None."""
-    if shutil.which("bwrap") is None:
-        return None
-    code = tempfile.mkdtemp(prefix="course-probe-")
-    os.chmod(code, 0o755)
-    try:
-        for uid in ([SANDBOX_UID, None] if os.geteuid() == 0 else [None]):
+    """{"uid": the first sandbox's uid, or None to keep the grader's} if bwrap runs this Python
+    here (as root, under a uid of its own where that uid can read the Python); else None."""
+    with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
+        os.chmod(code, 0o755)
+        for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
             try:
-                done = subprocess.run(sandbox_argv(code, 1) + [sys.executable, "-E", "-s", "-c",
-                                                               "pass"],
-                                      user=uid, group=uid, extra_groups=[] if uid else None,
-                                      stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+                subprocess.run(sandbox_argv(code, 1) + [sys.executable, "-E", "-s", "-c", "pass"],
+                               user=uid, group=uid, extra_groups=[] if uid else None, check=True,
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+                return dict(uid=uid)
             except (OSError, subprocess.SubprocessError):
                 continue
-            if done.returncode == 0:
-                return dict(uid=uid)
-        return None
-    finally:
-        os.rmdir(code)
+    return None
 
 
 def clean(x):
     """A worker's message with every string safe to print (a student's lone surrogate)."""
-    if isinstance(x, str):
-        return x.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(x, list):
-        return [clean(v) for v in x]
-    if isinstance(x, dict):
-        return {clean(k): clean(v) for k, v in x.items()}
-    return x
+    return (x.encode("utf-8", "backslashreplace").decode() if isinstance(x, str) else
+            [clean(v) for v in x] if isinstance(x, list) else
+            {clean(k): clean(v) for k, v in x.items()} if isinstance(x, dict) else x)
 
 
 class Driver:
@@ -639,37 +615,24 @@ WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, a
 
 
 def shown(name) -> str:
-    """A file name (str or bytes) as text that prints anywhere and names one file only: bytes
-    that are not UTF-8 as \\xNN, a backslash as \\\\, other unprintables escaped."""
-    raw = os.fsencode(name)
-    out = []
-    for c in raw.decode("utf-8", "surrogateescape"):
-        if "\udc80" <= c <= "\udcff":
-            out.append(f"\\x{ord(c) - 0xdc00:02x}")
-        elif c == "\\" or not c.isprintable():
-            out.append(c.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(c)
-    return "".join(out)
+    """A file name (str or bytes) as text that prints anywhere and names one file only: as is
+    when printable, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
+    text = os.fsdecode(name)
+    return text if text.isprintable() and "\\" not in text else ascii(text)[1:-1]
 
 
 def walk(folder: str) -> list:
     """Every entry below folder (os.DirEntry), shallowest first, no link followed; ValueError
     past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into)."""
-    levels, most = WALK_LIMIT
-    out, todo = [], [(folder, 1)]
-    while todo:
-        here, depth = todo.pop(0)
+    (levels, most), out, todo = WALK_LIMIT, [], [(folder, 1)]
+    for here, depth in todo:  # breadth first: todo grows as it is read
         with os.scandir(here) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                out.append(entry)
-                if len(out) > most:
-                    raise ValueError(f"{shown(folder)} holds more than {most} files: not read")
-                if entry.is_dir(follow_symlinks=False):
-                    if depth >= levels:
-                        raise ValueError(f"{shown(folder)} is more than {levels} folders deep: "
-                                         "not read")
-                    todo.append((entry.path, depth + 1))
+            found = sorted(entries, key=lambda e: e.name)
+        out += found
+        todo += [(e.path, depth + 1) for e in found if e.is_dir(follow_symlinks=False)]
+        if len(out) > most or todo[-1][1] > levels:
+            raise ValueError(f"{shown(folder)} is more than {levels} folders deep or holds more "
+                             f"than {most} entries: not read")
     return out
 
 
@@ -679,20 +642,19 @@ def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
-        why = "a symbolic link" if os.path.islink(path) else error.strerror
-        raise ValueError(f"{shown(path)} is not read: {why}") from None
+        raise ValueError(f"{shown(path)} is not read: "
+                         + ("a symbolic link" if os.path.islink(path) else error.strerror))
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{shown(path)} is not a regular file (a folder, a FIFO or a "
-                             "device): not read")
+            raise ValueError(f"{shown(path)} is not a regular file (a FIFO, a device, a "
+                             "folder): not read")
         data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{shown(path)} is over {limit} bytes: not read")
     try:
+        if len(data) > limit:
+            raise ValueError(f"over {limit} bytes")
         return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{shown(path)} is not UTF-8 text ({error.reason} at byte "
-                         f"{error.start})") from None
+    except ValueError as error:  # UnicodeDecodeError too
+        raise ValueError(f"{shown(path)} is not read: {error}") from None
 
 
 def find_student(path: str) -> tuple:

@@ -276,21 +276,17 @@ class Zygote:
         if self.process is not None:
             self.close(keep_dir=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
-        env = dict(PATH=os.environ.get("PATH", "/usr/bin:/bin"), OMP_NUM_THREADS="1",
-                   MKL_NUM_THREADS="1", LANG="C.UTF-8", HOME=self.dir)
-        python = [sys.executable, "-E", "-s"]
-        if self.sandbox is None:
-            work = tempfile.mkdtemp(dir=self.dir)
-            argv, uid = python + [os.path.join(self.dir, "child.py"), str(theirs.fileno()),
-                                  work], None
-        else:  # as root, each sandbox its own uid: no two submissions share one
-            uid = self.sandbox["uid"] and self.sandbox["uid"] + self.started % 100000
-            argv = sandbox_argv(self.dir, self.limits["disk_mb"]) + python + [
-                "/course/child.py", str(theirs.fileno()), "/tmp"]
+        box = [] if self.sandbox is None else sandbox_argv(self.dir, self.limits["disk_mb"])
+        code, work = ("/course", "/tmp") if box else (self.dir, self.dir)
+        env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   LANG="C.UTF-8", HOME=work)  # all it gets
+        argv = box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
+                      str(theirs.fileno()), work]
+        uid = box and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 100000
         self.started += 1
         self.process = subprocess.Popen(
-            argv, pass_fds=[theirs.fileno()], cwd=self.dir, env=env, user=uid, group=uid,
-            extra_groups=[] if uid else None, stdin=subprocess.DEVNULL,
+            argv, pass_fds=[theirs.fileno()], cwd=self.dir, env=env, user=uid or None,
+            group=uid or None, extra_groups=[] if uid else None, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
         self.control, self.buffer, self.exits, self.used = ours, b"", {}, False

@@ -220,7 +220,7 @@ def test_file_names_in_a_class_give_one_safe_row_each(klass):
     assert "folders deep" in rows["b-deep"]["notes"]
     assert [n for n in rows if "bob" in n] == ["b-bob"]  # one row, refused whole
     assert rows["b-bob"]["total"] == "0.00" and "both handed in" in rows["b-bob"]["notes"]
-    assert rows["b-caf\\xe9"]["total"] == "0.00"  # its bytes, escaped
+    assert rows["b-caf\\udce9"]["total"] == "0.00"  # its bytes, escaped
     assert rows["'=2+3"]["total"] == "0.00"  # a name, not a formula
     for link in ("b-link", "b-linkdir"):  # a link to a classmate's correct file
         assert rows[link]["total"] == "0.00" and "symbolic link" in rows[link]["notes"], link
