@@ -59,7 +59,7 @@ LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
                "memory": "the memory limit ({memory_mb} MB)",
                "file size": "the file size limit ({file_mb} MB)",
                "cpu time": "the CPU time limit ({cpu_s} s)",
-               "output size": "the output size limit (256 MB per answer)",
+               "output size": "the output size limit (2 MB of header, 256 MB per answer)",
                "malformed": "the grader's protocol (it answered malformed data)",
                "died": "no limit: its process died"}
 SANDBOX_UID = 1_500_000_000  # as root, worker w's n-th sandbox runs as uid + 100000 w + n
