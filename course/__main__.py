@@ -86,7 +86,8 @@ def cmd_grade(args) -> None:
     finally:
         grader.close()
     flag_row(rows, flags, args.strict)
-    print(grader.sandbox_line())
+    if where["reference"]:  # an official grade says what isolated the code; a handout's not
+        print(grader.sandbox_line())
     print(f"grading {shown(os.path.abspath(path))}, set {where['set']}, "
           + ("each exercise beside the reference's others, on fresh inputs (seed "
              f"{where['seed']}; --seed {where['seed']} grades the same inputs again)"
