@@ -140,8 +140,6 @@ def child(spec: dict, fd: int, work: str) -> None:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
-    os.environ.clear()
-    os.environ.update(HOME=work, TMPDIR=work, PATH="/usr/bin:/bin", LANG="C.UTF-8")
     sys.argv = ["tokencredit"]
     sys.path[:] = [p for p in sys.path if "site-packages" in p or "dist-packages" in p
                    or p.startswith(sys.base_prefix)]

@@ -198,11 +198,9 @@ class Session:
 
     def exception(self, header: dict) -> Exception:
         kind = ALLOWED.get(header.get("type"), None)
-        message = protocol.clean(str(header.get("message", ""))[:4000])
-        self.where = [[protocol.clean(str(x)[:200]) for x in w] for w in header.get("where", [])
-                      if isinstance(w, list) and len(w) == 4][-6:]
-        error = kind(message) if kind else StudentError(
-            f"{protocol.clean(str(header.get('type'))[:100])}: {message}")
+        message = str(header.get("message", ""))  # escaped by the driver, as all it gets
+        self.where = [w for w in header.get("where", []) if isinstance(w, list) and len(w) == 4]
+        error = kind(message) if kind else StudentError(f"{header.get('type')}: {message}")
         error.student_where = self.where
         return error
 

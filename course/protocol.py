@@ -30,11 +30,6 @@ class TooLarge(Exception):
 HEADER_LIMIT = 2 ** 21  # bytes of JSON one header may take, checked before it is parsed
 
 
-def clean(text: str) -> str:
-    """Text from the other side, safe to print and write: a lone surrogate becomes \\udXXX."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def send(sock: socket.socket, header: dict, blobs=()) -> None:
     sizes = [len(b) for b in blobs]
     head_all = json.dumps(dict(h=header, sizes=sizes), allow_nan=False).encode()
