@@ -2,17 +2,13 @@
 children it forks, one per exercise, that run the student's code.
 
     python child.py FD WORK     the zygote; FD is its control socket to the judge, WORK the folder
-                                its children write in (/tmp, a size-limited tmpfs, in a sandbox)
+                                its children write in (in a sandbox: /tmp, a size-limited tmpfs)
 
-Isolation is not made here: the judge starts each zygote in a bubblewrap sandbox of its own, one
-per submission (course/grading.py, `sandbox_argv`), and kills the sandbox whole when the
-submission is done. The zygote never sees a submission, a reference or a test. For each fork
-request it receives a socket (the child's line to the judge) and the child's limits; the child
-then starts its own session, takes the instructor's limits (memory, file size, processes, CPU
-time), closes every other file, makes itself undumpable, moves into a new empty folder, and only
-then reads the student's file and runs it. It answers the judge's calls with values
-(course/protocol.py), never with code. Pids here are the sandbox's own: the judge asks the
-zygote to kill a child, it never kills by pid itself.
+The judge starts each zygote in a bubblewrap sandbox of its own (course/grading.py says how). For
+each fork request it receives a socket (the child's line to the judge) and the child's limits;
+the child takes the limits, closes every other file, moves into a new empty folder, and only
+then reads the student's file and runs it. It answers with values (course/protocol.py), never
+with code. Pids here are the sandbox's: the judge asks the zygote to kill a child.
 """
 
 import ctypes

@@ -4,19 +4,16 @@ The driver (this process) starts the judge workers (course/judge.py) before any 
 read, hands each its copy of the tests (checked by hash), then grades one submission at a time:
 exercise k of a submission is one job, a child process of its own with the instructor's limits.
 
-Isolation is bubblewrap's (bwrap, a maintained sandbox; `sandbox_argv`). Each judge worker keeps
-a zygote (course/child.py: torch loaded, no student code) inside a sandbox of its own: its own
-PID, mount, network, IPC and user namespaces, a size-limited tmpfs as its only writable folder,
-read-only views of the Python installation and the child's two files, nothing else (no class
-folder, no tests, no reference, no /proc but its own). The zygote forks one child per exercise.
-When a batch of jobs (one submission, or the reference's check) is done the driver says "end",
-and each worker that used its sandbox kills it whole (its PID 1 goes, so does every process in
-it) and starts a fresh one for the next batch. As root each sandbox also runs as a uid of its
-own (SANDBOX_UID + n), so no two submissions share a user even outside their namespaces. Where
-bwrap cannot run, the grader says "no sandbox" in its report and the CSV, and grade-all refuses
-without --no-sandbox-ok (docs/instructors.md says what is then unprotected). What a child sends
-is bounded (course/judge.py, course/protocol.py): each message whole by the test's deadline,
-its header parsed only under 2 MB, its text escaped.
+Isolation is bubblewrap's (`sandbox_argv`). Each judge worker keeps its zygote (course/child.py)
+in a sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited
+tmpfs as its only writable folder, read-only views of /usr, the Python and the child's two files,
+nothing else (no class folder, no tests, no reference, only its own /proc). When a batch of jobs
+(one submission, or the reference's check) is done the driver says "end", and each worker that
+used its sandbox kills it whole (its PID 1, so every process in it) and starts a fresh one. As
+root each sandbox also runs under a uid of its own (SANDBOX_UID + n) where that uid can read the
+Python. Without bwrap the report and the CSV say "no sandbox" and grade-all refuses unless
+--no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py): each
+message whole by its test's deadline, its header parsed only under 2 MB, its text escaped here.
 """
 
 import hashlib
