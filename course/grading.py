@@ -125,6 +125,7 @@ class Driver:
         self.seed, self.workers, self.pool = seed, workers or min(2, os.cpu_count() or 1), []
         self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
+        os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
         tests_dir = os.path.join(self.private, "tests")
         os.makedirs(tests_dir, mode=0o700)
         self.hashes = {}

@@ -260,7 +260,7 @@ class Zygote:
 
     def __init__(self, private: str, sandbox=None, limits=None):
         here = os.path.dirname(os.path.abspath(__file__))
-        self.dir = tempfile.mkdtemp(prefix="zygote-")  # readable by a sandbox's own uid
+        self.dir = tempfile.mkdtemp(prefix="zygote-", dir=private)
         os.chmod(self.dir, 0o755)
         for name in ("child.py", "protocol.py"):  # its own copy: no path back to this folder
             shutil.copy(os.path.join(here, name), self.dir)
