@@ -13,8 +13,8 @@ python3 -m venv .venv-verl
 install=(.venv-verl/bin/python -m pip install -q -c .ci/constraints-verl.txt)
 if [ -d /opt/wheels ]; then  # the local torch CPU wheel, if the machine has it
   "${install[@]}" --find-links /opt/wheels torch
-else  # never PyPI's Linux torch, which is the CUDA build
-  "${install[@]}" --index-url https://download.pytorch.org/whl/cpu torch
+else  # never PyPI's Linux torch, the CUDA build: 2.13.0+cpu sorts above it (untested here)
+  "${install[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch
 fi
 "${install[@]}" --no-deps verl
 "${install[@]}" --no-warn-conflicts ray tensordict transformers omegaconf codetiming numpy \
