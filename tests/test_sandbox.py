@@ -243,7 +243,7 @@ def test_grade_path_refuses_or_cuts_each_file_attack(tmp_path):
     started = time.monotonic()
     done = run("grade", tmp_path / "d.py", "--set", "grpo", "-e", "1", "--time-limit", 20)
     assert done.returncode == 0 and b"0.0/10" in done.stdout, done
-    assert time.monotonic() - started < 45  # cut at one test's 10 s, not one byte per 5 s
+    assert time.monotonic() - started < 80  # cut at the exercise's 20 s, not one byte per 5 s
 
 
 def test_the_bundle_refuses_or_cuts_each_file_attack(tmp_path):
