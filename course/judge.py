@@ -474,7 +474,6 @@ class Worker:
         try:
             session = Session(self.zygote, dict(limits=limits), float(job["limit"]))
             self.module._session = self.session = session
-            session.test_deadline = time.monotonic() + test_limit  # loading: one test's time
             session.load(job)
         except GraderLimit as stopped:
             error = str(stopped)

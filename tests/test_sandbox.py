@@ -95,11 +95,12 @@ for _p in _os.listdir("/proc"):
 ''',
     # an answer announced as 4,000 bytes, then one byte every 5 s
     "a-dribble": JUDGE + '''
-_s = _judge()
-_s.sendall(_struct.pack("!II", 4000, 0))
-for _ in range(200):
-    _time.sleep(5)
-    _s.sendall(b" ")
+def group_advantages(*args, **kwargs):
+    _s = _judge()
+    _s.sendall(_struct.pack("!II", 4000, 0))
+    for _ in range(200):
+        _time.sleep(5)
+        _s.sendall(b" ")
 ''',
     # 64 MB of JSON as one header
     "a-json": JUDGE + '''
@@ -182,7 +183,7 @@ def klass(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("class")
     before = write_class(tmp / "class")
     started = time.monotonic()
-    done = run("grade-all", tmp / "class", "--set", "grpo", "--seed", SEED, "--time-limit", 20,
+    done = run("grade-all", tmp / "class", "--set", "grpo", "--seed", SEED,
                "--csv", tmp / "grades.csv", "--gradescope-dir", tmp / "out" / "gs")
     took = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
@@ -243,7 +244,7 @@ def test_grade_path_refuses_or_cuts_each_file_attack(tmp_path):
     started = time.monotonic()
     done = run("grade", tmp_path / "d.py", "--set", "grpo", "-e", "1", "--time-limit", 20)
     assert done.returncode == 0 and b"0.0/10" in done.stdout, done
-    assert time.monotonic() - started < 45  # cut at one test's 10 s, not one byte per 5 s
+    assert time.monotonic() - started < 80  # cut at the exercise's 20 s, not one byte per 5 s
 
 
 def test_the_bundle_refuses_or_cuts_each_file_attack(tmp_path):
@@ -309,7 +310,7 @@ def graded_as_tester(tmp_path, tester) -> None:
     for path in [tmp_path, *tmp_path.rglob("*")]:
         os.lchown(path, tester.pw_uid, tester.pw_gid)
     done = as_tester([PY, "-m", "course", "grade-all", str(tmp_path / "class"), "--set", "grpo",
-                      "--seed", str(SEED), "--time-limit", "20", "--csv",
+                      "--seed", str(SEED), "--csv",
                       str(tmp_path / "grades.csv")], kit)
     assert done.returncode == 0, done
     rows = rows_of(tmp_path / "grades.csv")
