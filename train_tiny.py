@@ -25,10 +25,11 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 
 import tokencredit as tc
-from tiny_task import (ProblemStream, Task, arg, check_fields, check_task, describe_device,
-                       has_repeated_step, load_or_warm_up, mask_positions, meets_misconception,
-                       parse_list, pick_device, prompt_texts, quiet_transformers, require,
-                       response_mask, sample_tokens, seed_everything, tokenize_prompts, verify_all)
+from tiny_task import (ProblemStream, Task, arg, carry_steps, check_fields, check_task,
+                       describe_device, has_repeated_step, load_or_warm_up, mask_positions,
+                       meets_long_misconception, meets_misconception, parse_list, pick_device,
+                       prompt_texts, quiet_transformers, require, response_mask, sample_tokens,
+                       seed_everything, tokenize_prompts, verify_all)
 
 # -----------------------------------------------------------------------------
 # arguments and presets
@@ -242,6 +243,7 @@ def sample_groups_fn(model, tokenizer, args: Args, stream: ProblemStream, device
         return dict(rewards=rewards.view(B, G), correct=r.correct.view(B, G),
                     complete=r.complete.cpu().view(B, G), terms=torch.tensor(terms),
                     detour=torch.tensor([has_repeated_step(s) for s in r.texts]).view(B, G),
+                    carries=torch.tensor([carry_steps(s, args) for s in r.texts]).view(B, G, 4),
                     responses=responses.cpu().view(B, G, -1), mask=mask.cpu().view(B, G, -1))
     return sample_groups
 
@@ -284,7 +286,7 @@ def train_step(step: int, args: Args, model, ref_model, optimizer, tokenizer, sa
     return dict(record, reward=float(batch["rewards"].mean()),
                 accuracy=float(batch["correct"].float().mean()),
                 entropy=float(tc.aggregate(entropy, mask, "token")), loss=float(loss.detach()),
-                **stats, **rollout_stats(batch, mask))
+                **stats, **rollout_stats(batch, mask, args))
 
 
 def collect_groups(args: Args, sample_groups):
@@ -347,13 +349,29 @@ def update_loss(args: Args, logp, logits, old_logp, token_adv, mask, ref_logp, c
     return loss, stats
 
 
-def rollout_stats(batch: Dict[str, torch.Tensor], mask: torch.Tensor) -> Dict[str, float]:
+def is_long(terms: torch.Tensor, args: Args) -> torch.Tensor:
+    """(B, max_terms), -1 padded -> (B,): more numbers than the middle of the task's range (4 or 5
+    of 2-5): the problems whose answers are long."""
+    return (terms >= 0).sum(dim=1) * 2 > args.min_terms + args.max_terms
+
+
+def rollout_stats(batch: Dict[str, torch.Tensor], mask: torch.Tensor,
+                  args: Args) -> Dict[str, float]:
     """The update's rollouts: mean length, of right and of wrong answers; the fraction truncated
-    (loops that hit the budget) and that finished after re-checking a step."""
+    (loops that hit the budget) and that finished after re-checking a step; of the steps where a
+    misconception applies, the fraction written right: the first's in answers to short and to
+    long problems (is_long), the second's (--long-misconception-rate), all in long answers."""
     lengths = mask.sum(dim=1).float().cpu()  # (N,)
     correct, complete = batch["correct"].flatten(), batch["complete"].flatten()
     right, wrong = lengths[correct], lengths[~correct]
-    return dict(length=float(lengths.mean()),
+    long = is_long(batch["terms"], args)[:, None].expand(batch["correct"].shape).flatten()  # (N,)
+    carries = batch["carries"].flatten(0, 1).float()  # (N, 4): met, right; met, right
+
+    def done_right(rows, k):  # of the steps where misconception k applies, the fraction right
+        met = carries[rows, 2 * k].sum()
+        return float(carries[rows, 2 * k + 1].sum() / met) if met else float("nan")
+    return dict(fix_short=done_right(~long, 0), fix_long=done_right(long, 0),
+                fix_long_misconception=done_right(slice(None), 1), length=float(lengths.mean()),
                 length_correct=float(right.mean()) if right.numel() else float("nan"),
                 length_wrong=float(wrong.mean()) if wrong.numel() else float("nan"),
                 truncated_frac=float((~complete).float().mean()),
@@ -391,13 +409,20 @@ def evaluate(model, tokenizer, args: Args, problems, device) -> Dict[str, float]
             r = rollout(model, tokenizer, args, chunk, args.eval_samples, False, device)
             sampled += r.correct.view(len(chunk), -1).float().mean(dim=1).tolist()
     meets = [meets_misconception(t, args) for t in problems]
+    groups = dict(long=is_long(torch.tensor([t + [-1] * (args.max_terms - len(t))
+                                             for t in problems]), args).tolist(),
+                  long_misconception=[meets_long_misconception(t, args) for t in problems])
 
-    def mean(xs, where=None):  # over every problem, or those that meet the misconception or not
-        xs = [x for x, m in zip(xs, meets) if where is None or m == where]
+    def mean(xs, where=None, among=meets):  # over every problem, or where among is `where`
+        xs = [x for x, m in zip(xs, among) if where is None or m == where]
         return sum(xs) / len(xs) if xs else float("nan")
+    by_group = {f"{what}_{name}": mean(xs, True, among)  # the lab's failure-1 measures
+                for name, among in groups.items() for what, xs in (("accuracy", greedy),
+                                                                   ("sampled_accuracy", sampled))}
     return dict(accuracy=mean(greedy), sampled_accuracy=mean(sampled), length=mean(lengths),
                 accuracy_misconception=mean(greedy, True), accuracy_other=mean(greedy, False),
-                sampled_accuracy_misconception=mean(sampled, True))
+                sampled_accuracy_misconception=mean(sampled, True),
+                sampled_accuracy_short=mean(sampled, False, groups["long"]), **by_group)
 
 
 def progress(r: dict) -> str:
