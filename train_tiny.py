@@ -3,7 +3,7 @@
 The RL loop top to bottom: arguments and presets, rollouts, train_step (rollout -> rewards ->
 advantages -> per-token credit -> K updates -> record), evaluation, main. The task (adding 2 to 5
 one-digit numbers by partial sums, "6+9+8=" -> "6+9=15,15+8=23>23<eos>"), its exact verifier
-and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab/lab.py
+and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab/
 runs this loop and measures it.
 
     python train_tiny.py --quick        # a first look: GRPO on a smaller task, about 45 s
@@ -56,7 +56,7 @@ class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     micro_batches: int = arg(0, "the update's forward in this many groups of similar length "
                                 "(0: 4 on a CPU, 1 on a GPU)")
     log_every: int = arg(5, "policy updates between progress lines")
-    one_step_lr: float = arg(0.01, "learning rate of lab/lab.py's single plain-SGD step")
+    one_step_lr: float = arg(0.01, "learning rate of the lab's single plain-SGD step")
     # the method: set by the presets; any of them given here overrides every preset
     adv_scale: str = arg("std", "group advantage: / the group's std (GRPO), batch, none")
     baseline: str = arg("mean", "group advantage: - the group's mean (GRPO) or leave_one_out")
@@ -122,12 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = 
                 flag, default=argparse.SUPPRESS, help=help, **kind)
 
 
-def parse_args(argv: Optional[List[str]] = None):
-    """Returns (the base Args, one (method, Args) per method asked for, the seeds)."""
+def parse_args(argv: Optional[List[str]] = None, prog: Optional[str] = None):
+    """Returns (the base Args, one (method, Args) per method asked for, the seeds). prog: the
+    command --help names (python -m lab runs this parser too)."""
     presets = "\n".join(f"  {name:<9s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
                         for name, preset in PRESETS.items())
     parser = argparse.ArgumentParser(
-        usage="%(prog)s [--quick] [--methods M] [--seeds S] [--impl PATH] [options]",
+        prog=prog, usage="%(prog)s [--quick] [--methods M] [--seeds S] [--impl PATH] [options]",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"presets (any argument given overrides it in every preset):\n{presets}\n"
                "--quick sets: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
@@ -466,11 +467,11 @@ def train_method(label: str, args: Args, seed: int, start_path: str, tokenizer, 
     return history, False, model
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> dict:
     """Warm up (or reuse) the starting policy, train every method from it for every seed, print
     the held-out accuracy before and after. Writes runs/<name>/metrics.jsonl (a record per
     update) and results.json, and returns the results."""
-    base, runs, seeds = parse_args(argv)
+    base, runs, seeds = parse_args(argv, prog)
     quiet_transformers()
     device = pick_device(base.device)
     print(describe_device(device, base.device))
