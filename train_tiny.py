@@ -328,7 +328,7 @@ def token_credit(args: Args, advantages, mask, entropy, old_logp, conds) -> torc
     if args.entropy_top < 1:
         keep = tc.high_entropy_mask(entropy, mask, args.entropy_top)
         weights = keep if weights is None else weights * keep
-    return advantages if weights is None else advantages[:, None] * weights  # A_{i,t} = A_i w_{i,t}
+    return advantages if weights is None else tc.cscr_advantages(advantages, weights)  # A_{i,t}
 
 
 def update_loss(args: Args, logp, logits, old_logp, token_adv, mask, ref_logp, conds):
