@@ -209,15 +209,20 @@ def warmup_batch(task: Task, tokenizer, rng: random.Random, device):
     return ids, attention, ids.masked_fill((attention == 0) | in_prompt, -100)
 
 
+def warmup_path(task: Task, runs_dir: str) -> str:
+    """runs_dir/warmup-<hash of the Task's fields and torch's thread count (it changes the float
+    sums)>; --long-misconception-rate counts only when it is set, so older warm-ups keep theirs."""
+    key = {f.name: getattr(task, f.name) for f in dataclasses.fields(Task)
+           if f.name != "long_misconception_rate" or task.long_misconception_rate}
+    key = json.dumps(dict(key, threads=torch.get_num_threads()), sort_keys=True)
+    return os.path.join(runs_dir, f"warmup-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
+
+
 def load_or_warm_up(task: Task, device, runs_dir: str):
-    """The starting policy: the tiny model after a supervised warm-up, cached in runs_dir under
-    a hash of the Task's fields and torch's thread count (it changes the float sums).
+    """The starting policy: the tiny model after a supervised warm-up, cached at warmup_path.
     Returns (model, tokenizer, the checkpoint's path)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    key = {f.name: getattr(task, f.name) for f in dataclasses.fields(Task)
-           if f.name != "long_misconception_rate" or task.long_misconception_rate}  # as before it
-    key = json.dumps(dict(key, threads=torch.get_num_threads()), sort_keys=True)  # float order
-    path = os.path.join(runs_dir, f"warmup-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
+    path = warmup_path(task, runs_dir)
     if os.path.exists(os.path.join(path, "config.json")):
         print(f"warm-up: reusing {path}")
         model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()

@@ -1,12 +1,15 @@
 """Saved runs as the lab reads them: runs/NAME folders (results.json and metrics.jsonl) or their
 compact copies results/NAME.json, and one method and seed's records in them."""
 
+import dataclasses
 import json
 import os
 from typing import List
 
+import train_tiny as tt
 from lab.stats import compact, mean_of, number
 
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(tt.Args)}
 UPDATE_KEYS = ("step", "reward", "accuracy", "entropy", "kept_frac", "groups", "rounds",
                "length", "length_correct", "length_wrong", "truncated_frac", "recheck_frac",
                "clip_frac_low", "clip_frac_high", "fix_short", "fix_long",
@@ -83,8 +86,9 @@ def load_side(spec: str) -> tuple:
 
 
 def method_args(run: dict, method: str) -> dict:
-    """The arguments method trained with: the run's config and what its preset changed."""
-    return {**run["config"], **run.get("methods", {}).get(method, {})}
+    """The arguments method trained with: the run's config and what its preset changed; an
+    argument a run saved before it existed takes its default."""
+    return {**DEFAULTS, **run["config"], **run.get("methods", {}).get(method, {})}
 
 
 def seed_run(side: tuple, seed: int) -> dict:
