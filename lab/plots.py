@@ -4,12 +4,13 @@ curves.png (question 1), onestep.png (2), credit.png (3), the paired picture (4)
 
 import os
 import re
+import textwrap
 from typing import List
 
 import torch
 
 import train_tiny as tt
-from lab.records import methods_of, seed_run
+from lab.records import method_args, methods_of, seed_run
 from lab.stats import mean_of
 
 
@@ -289,16 +290,16 @@ def plot_failures(pairs: List[dict], rows: list, path: str) -> None:
         ax.set_xticks(range(len(mine)), [r["pair"].replace(" - ", "\n- ") for r in mine],
                       fontsize=7.5)
         ax.set_xlim(-0.6, len(mine) - 0.4)
-        ax.set_title(f"failure {failure}\n{label}" if failure[0].isdigit()
-                     else f"{failure}\n{label}", fontsize=9)
+        title = f"failure {failure}" if failure[0].isdigit() else failure
+        ax.set_title(title + "\n" + "\n".join(textwrap.wrap(label, 48)), fontsize=9)
         ax.set_ylabel('"token" - "sample", per seed', fontsize=8)
         ax.grid(alpha=0.3)
     ax = axes.flat[len(labels)] if len(labels) < axes.size else None
     long_pairs = [p for p in pairs if p["base"][0]["config"].get("long_misconception_rate")]
     if ax is not None and long_pairs:
         p = long_pairs[0]
-        for side, style in ((p["base"], "--"), (p["other"], "-")):
-            mode = side[0]["config"].get("loss_mode")
+        for side, style in ((p["base"], "--"), (p["other"], "-")):  # "sample", "token"
+            mode = method_args(*side)["loss_mode"]
             for key, colour, what in (("fix_long_misconception", "tab:red", "second (long only)"),
                                       ("fix_long", "tab:purple", "first, long problems"),
                                       ("fix_short", "tab:gray", "first, short problems")):
@@ -306,19 +307,20 @@ def plot_failures(pairs: List[dict], rows: list, path: str) -> None:
                 curve = [mean_of(values) for values in zip(*per_seed)]
                 smooth = [mean_of(curve[max(0, i - 2):i + 3]) for i in range(len(curve))]
                 ax.plot(range(1, len(curve) + 1), smooth, style, color=colour,
-                        label=f"{what}, {mode}")
-        ax.set_title("how fast each misconception's fix spreads: its steps written right in\n"
-                     f"the rollouts ({p['base'][0]['name']}, {p['other'][0]['name']}; mean of "
-                     f"{len(p['seeds'])} seeds, 5-update mean)", fontsize=9)
+                        label=what if mode == "token" else None)
+        ax.set_title("how fast each misconception's fix spreads: the fraction of\nits steps "
+                     f"written right in the rollouts (mean of {len(p['seeds'])} seeds,\n"
+                     "5-update mean; dashed \"sample\", solid \"token\")", fontsize=9)
         ax.set_xlabel("policy update")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     for extra in axes.flat[len(labels) + bool(long_pairs):]:
         extra.axis("off")
     fig.suptitle('Sample-level averaging\'s two length failures, "token" against "sample" seed by '
-                 "seed (same warm-up, problems, first batch). Failure 1: above 0 means long right "
-                 "answers learned better under \"token\"; failure 2: below 0 means long wrong "
-                 "answers pushed down harder", fontsize=10)
+                 "seed (same warm-up, problems and first batch; dots: one seed each, bars: the "
+                 "mean and its 95 % interval)\nfailure 1: above 0, long right answers learned "
+                 "better under \"token\"; failure 2: below 0, long wrong answers pushed down "
+                 "harder under \"token\"", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=90)
