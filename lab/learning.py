@@ -67,7 +67,7 @@ def format_rollouts(runs: List[dict]) -> str:
             total = sum(len(r["updates"]["groups"]) for r in rs)
             other = mean_of([summarise_run(r, run["start"])["accuracy_other"] for r in rs])
             clip = (f"{per_seed('clip_frac_low'):.4f} / {per_seed('clip_frac_high'):.4f}"
-                    if rs[0]["updates"]["clip_frac_low"][0] is not None else "-")
+                    if rs[0]["updates"]["clip_frac_low"][:1] not in ([], [None]) else "-")
             lines.append(
                 f"| {run['name']} | {method} | {per_seed('truncated_frac', slice(0, 1)):.3f} | "
                 f"{per_seed('recheck_frac', slice(0, 1)):.3f} -> "
