@@ -48,6 +48,8 @@ def test_the_second_misconception_hand_worked():
     # 6+7=13 is the first carry (one-digit sum): kept; 13+8 carries into a two-digit sum: lost
     assert tiny_task.demonstrate([6, 7, 8], task, random.Random(0)) == ("6+7=13,13+8=11>11", True)
     assert tiny_task.demonstrate([6, 7, 2], task, random.Random(0)) == ("6+7=13,13+2=15>15", True)
+    # 15+9 is the first misconception's step (a 9), kept at its rate 0: the second never takes it
+    assert tiny_task.demonstrate([6, 9, 9], task, random.Random(0)) == ("6+9=15,15+9=24>24", True)
     assert tiny_task.meets_long_misconception([6, 7, 8], task)
     assert not tiny_task.meets_long_misconception([6, 7, 2], task)  # no carry at 13+2
     assert not tiny_task.meets_long_misconception([8, 9], task)  # 8+9: a one-digit start
