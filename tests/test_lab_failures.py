@@ -129,15 +129,20 @@ def test_failures_hand_worked_and_merge(tmp_path, capsys):
         cli.main(["merge", str(tmp_path / "x.json"), paths[0], str(tmp_path / "half0.json")])
 
 
-def test_the_readme_failures_table_is_what_the_command_prints(capsys):
-    """The README quotes `python -m lab failures ...` on the committed runs: its table is what
-    that command prints now."""
-    readme = open(os.path.join(HERE, "README.md")).read()
-    command = re.search(r"python -m lab failures ((?:results/\S+\.json ?)+)", readme)
-    assert command, "the README quotes no python -m lab failures command"
-    cli.main(["failures", *[os.path.join(HERE, p) for p in command.group(1).split()]])
-    printed = capsys.readouterr().out.splitlines()
-    quoted = [line for line in readme.splitlines() if line.startswith("| 1: ")
-              or line.startswith("| 2: ") or line.startswith("| stability")]
-    assert len(quoted) >= 7 and not [line for line in quoted if line not in printed], quoted
-    assert glob.glob(os.path.join(HERE, "results", "paired-long-*.json"))
+def test_the_failures_tables_are_what_the_command_prints(capsys):
+    """Every `python -m lab failures ...` command README.md or docs/lab.md quotes is run on the
+    committed runs; their failures tables, and the verdict lines they quote, are what it prints."""
+    texts = [open(os.path.join(HERE, page)).read() for page in ("README.md", "docs/lab.md")]
+    commands = {c.strip() for text in texts
+                for c in re.findall(r"python -m lab failures ((?:results/\S+\.json ?)+)", text)}
+    assert commands and glob.glob(os.path.join(HERE, "results", "paired-long-*.json"))
+    printed = []
+    for command in sorted(commands):
+        cli.main(["failures", *[os.path.join(HERE, p) for p in command.split()]])
+        printed += capsys.readouterr().out.splitlines()
+    quoted = [line for text in texts for line in text.splitlines()
+              if line.startswith(("| 1: ", "| 2: ", "| stability", "failure 1, ", "| first mis",
+                                  "| held-out sampled accuracy, long p", "| held-out sampled accuracy, short",
+                                  "| held-out greedy where the s"))]
+    assert len(quoted) >= 11 + 11 + 1 + 7 and not [q for q in quoted if q not in printed], \
+        [q for q in quoted if q not in printed][:2]
