@@ -419,7 +419,7 @@ def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, c
     cli.report([str(run), "--save", str(tmp_path / "kept")])
     first = capsys.readouterr().out
     cli.report([str(tmp_path / "kept" / "smoke.json")])
-    assert capsys.readouterr().out == first and learning.format_results(records.load_run(str(run))) in first
+    assert capsys.readouterr().out == first and learning.format_results(cli.load_run(str(run))) in first
     diag = results["diagnosis"]
     assert diag["all"]["same_direction"] + diag["all"]["sign_reversal"] == pytest.approx(1.0, abs=0.05)
     assert set(diag["by_class"]) == set(credit.CLASSES)
