@@ -74,8 +74,8 @@ DETAIL = (  # failure 1's described measures, beside the primary ones
     ("held-out greedy where the second misconception applies, at the end", 3,
      at_end("accuracy_long_misconception")),
 )
-HEADER = ("| failure | measure | OTHER - BASE | per seed, in seed order | mean [95 % t-interval] "
-          "| seeds + / - / 0 | sign test p |")
+HEADER = ("| failure | measure | pair: token - sample | per seed, in seed order | mean [95 % "
+          "t-interval] | seeds + / - / 0 | sign test p |")
 DETAIL_HEADER = ("| measure | per seed, in seed order | mean [95 % t-interval] | seeds + / - / 0 | "
                  "sign test p |")
 
