@@ -20,7 +20,7 @@ every table title printed can be searched for in lab/.
     python -m lab report runs/NAME --save results/    # a run's results, compacted for keeping
     python -m lab compare results/A.json results/B.json     # B - A, seed by seed, and a picture
     python -m lab sweep results/cscr-*.json --plot docs/cscr-sweep.png   # CSCR's claims
-    python -m lab failures results/paired-*.json --plot PATH   # the two length failures
+    python -m lab failures SAMPLE.json TOKEN.json ... --plot PATH   # the two length failures
     python -m lab merge results/NAME.json runs/NAME-s0 runs/NAME-s1   # seeds run one by one
 """
 
