@@ -212,6 +212,11 @@ def ref_cscr_weights(s, mask, strength, threshold):
     return out
 
 
+def ref_cscr_advantages(advantages, weights):
+    N, T = weights.shape
+    return torch.tensor([[float(advantages[i]) * float(weights[i, t]) for t in range(T)] for i in range(N)])
+
+
 def ref_quantile(values, q):
     """Linear interpolation between the two nearest ranks, as numpy's and torch's default."""
     s = sorted(values)
@@ -973,7 +978,8 @@ def test_cscr_weights_match_the_loop_reference_and_keep_budget_and_sign():
         w = tc.cscr_weights(s, mask, strength, threshold)
         assert torch.allclose(w, ref_cscr_weights(s, mask, strength, threshold), atol=1e-5)
         adv = torch.randn(N, generator=g)
-        token_adv = adv[:, None] * w  # A_{i,t} = u~_t A_i
+        token_adv = tc.cscr_advantages(adv, w)  # A_{i,t} = u~_t A_i
+        assert torch.allclose(token_adv, ref_cscr_advantages(adv, w), atol=1e-6)
         assert torch.allclose(token_adv.sum(dim=1), mask.sum(dim=1) * adv, atol=1e-4)  # budget |o_i| A_i
         assert (torch.sign(token_adv)[mask] == torch.sign(adv)[:, None].expand(N, T)[mask]).all()  # sign
         assert (token_adv[~mask] == 0).all()
@@ -987,6 +993,13 @@ def test_cscr_weights_match_the_loop_reference_and_keep_budget_and_sign():
     assert torch.isfinite(w).all() and w[2].sum() == 0
     huge = tc.cscr_weights(torch.tensor([[0.0, 1000.0, 2000.0]]), torch.ones(1, 3), strength=50.0)
     assert torch.isfinite(huge).all() and huge.sum().item() == pytest.approx(3.0)  # no underflow to 0/0
+
+
+def test_cscr_advantages_hand_worked():
+    """A_{i,t} = w~_{i,t} A_i: A = (0.5, -1), weights (1.2, 0.8, 1) and (0.5, 1.5, 0 on padding)."""
+    got = tc.cscr_advantages(torch.tensor([0.5, -1.0]), torch.tensor([[1.2, 0.8, 1.0], [0.5, 1.5, 0.0]]))
+    assert torch.allclose(got, torch.tensor([[0.6, 0.4, 0.5], [-0.5, -1.5, 0.0]]))
+    assert got.shape == (2, 3) and tc.cscr_advantages(Z(3), O(3, 0)).shape == (3, 0)  # T = 0
 
 
 def test_cscr_strength_zero_is_grpo():
@@ -1188,6 +1201,7 @@ GOOD = dict(  # a call each public function accepts
     counterfactual_shifts=dict(logp=LOGP, logp_pos=LOGP, logp_neg=LOGP, mask=MASK),
     counterfactual_sensitivity=dict(d_pos=LOGP, d_neg=LOGP),
     cscr_weights=dict(sensitivity=LOGP, mask=MASK, strength=1.0, threshold=0.0),
+    cscr_advantages=dict(advantages=Z(N_), weights=O(N_, T_)),
     token_entropy=dict(logits=Z(N_, T_, V_)),
     high_entropy_mask=dict(entropy=LOGP, mask=MASK, top_fraction=0.2),
     shift_diagnostics=dict(d_pos=LOGP, d_neg=LOGP, mask=MASK, min_shift=0.0),
@@ -1216,7 +1230,9 @@ def broken_arguments(function):
             if x.dim() > 1:
                 yield name, x[0]  # one dimension short
             if name != first:  # a size, or the device, that differs from the first tensor's
-                yield name, torch.zeros(*x.shape[:-1], x.shape[-1] + 1)
+                new = x.dim() > good[first].dim()  # its last size is its own: differ in N
+                yield name, (torch.zeros(x.shape[0] + 1, *x.shape[1:]) if new
+                             else torch.zeros(*x.shape[:-1], x.shape[-1] + 1))
                 yield name, x.to("meta")
             if name in FLOATING:
                 yield name, x.long()
@@ -1266,6 +1282,11 @@ DOORS = [(door(f, name, bad), rf"^{name}\b.* must .+, got ") for f in GOOD
     (P(tc.policy_loss, LOGP, torch.tensor([[NAN] * T_] * N_), Z(N_), MASK),
      "old_logp must be finite on real tokens, got nan at index"),
     (P(tc.cscr_weights, -O(N_, T_), MASK, 1.0), "sensitivity must be finite and >= 0 on real"),
+    (P(tc.cscr_advantages, Z(N_), torch.tensor([[1.0] * T_] * (N_ - 1) + [[1.0, NAN] + [1.0] * (T_ - 2)])),
+     rf"weights must be finite and >= 0, got nan at index \({N_ - 1}, 1\)"),
+    (P(tc.cscr_advantages, Z(N_), -O(N_, T_)), r"weights must be finite and >= 0, got -1.0 at index \(0, 0\)"),
+    (P(tc.cscr_advantages, Z(N_, T_), O(N_, T_)), r"advantages must be a torch.Tensor \(N,\)"),
+    (P(tc.cscr_advantages, Z(N_), O(N_, T_).long()), r"weights must be a floating-point torch.Tensor"),
     (P(tc.high_entropy_mask, torch.tensor([[0.1, NAN]]), O(1, 2)), "entropy must be finite"),
     (P(tc.token_entropy, torch.full((1, 1, 2), -INF)), "finite value at every position"),
     (P(tc.shift_diagnostics, torch.tensor([[NAN]]), Z(1, 1), O(1, 1)), "d_pos must be finite"),

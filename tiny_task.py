@@ -44,6 +44,9 @@ class Task:
     max_value: int = arg(9, "numbers are drawn from 0..max_value")
     misconception: str = arg("9", "addends whose carry it forgets (15+9=14), comma-separated")
     misconception_rate: float = arg(0.6, "how often it forgets that carry (> 0.5: greedy errs)")
+    long_misconception_rate: float = arg(0.0, "how often it forgets the carry into a two-digit "
+                                         "running sum (13+8=11), met only in answers of 3+ "
+                                         "numbers (0: never; the lab's failure-1 case)")
     slip_rate: float = arg(0.08, "chance that any other step is off by 1 or 2")
     recheck_rate: float = arg(0.25, "chance it writes one step twice: a harmless ~8-token detour")
     loop_rate: float = arg(0.12, "chance it repeats one step until the budget: truncated, wrong")
@@ -74,17 +77,50 @@ def forgets_carry(total: int, x: int, forgotten: set) -> bool:  # the misconcept
     return x in forgotten and total % 10 + x >= 10
 
 
+def forgets_long_carry(total: int, x: int) -> bool:  # the second misconception applies here
+    return total >= 10 and total % 10 + x >= 10
+
+
 def meets_misconception(terms: List[int], task: Task) -> bool:
     totals = [sum(terms[:k + 1]) for k in range(len(terms) - 1)]  # the sum before each step
     return any(forgets_carry(s, x, forgotten_addends(task)) for s, x in zip(totals, terms[1:]))
+
+
+def meets_long_misconception(terms: List[int], task: Task) -> bool:
+    """A step of the right solution that --long-misconception-rate acts on (none if it is 0)."""
+    totals = [sum(terms[:k + 1]) for k in range(len(terms) - 1)]
+    forgotten = forgotten_addends(task)
+    return bool(task.long_misconception_rate) and any(
+        forgets_long_carry(s, x) and not forgets_carry(s, x, forgotten)
+        for s, x in zip(totals, terms[1:]))
+
+
+STEP = re.compile(r"(\d+)\+(\d)=(\d+)(?=[,>])")  # a finished step "a+x=c" of a response
+
+
+def carry_steps(text: str, task: Task) -> tuple:
+    """The response's finished steps a+x=c where each misconception applies to a and x (its own
+    running sum, slips and all), and how many of them it wrote right (c = a + x). Returns
+    (met, right) for the first misconception and (met, right) for the second."""
+    forgotten, counts = forgotten_addends(task), [0, 0, 0, 0]
+    for a, x, c in STEP.findall(text):
+        a, x, c = int(a), int(x), int(c)
+        which = (0 if forgets_carry(a, x, forgotten)
+                 else 2 if task.long_misconception_rate and forgets_long_carry(a, x) else None)
+        if which is not None:
+            counts[which] += 1
+            counts[which + 1] += c == a + x
+    return tuple(counts)
 
 
 def demonstrate(terms: List[int], task: Task, rng: random.Random) -> tuple:
     """One solution with the demonstrator's habits (see the top). Returns (text, finished)."""
     forgotten, steps, total = forgotten_addends(task), [], terms[0]
     for x in terms[1:]:  # the running partial sums "a+b=c", a slip carried forward
-        slip = 0
-        if forgets_carry(total, x, forgotten) and rng.random() < task.misconception_rate:
+        slip, applies, rate = 0, forgets_carry(total, x, forgotten), task.misconception_rate
+        if not applies and task.long_misconception_rate and forgets_long_carry(total, x):
+            applies, rate = True, task.long_misconception_rate  # 13+8=11: only long answers
+        if applies and rng.random() < rate:
             slip = -10
         elif rng.random() < task.slip_rate:
             slip = rng.choice([-2, -1, 1, 2])
@@ -173,14 +209,20 @@ def warmup_batch(task: Task, tokenizer, rng: random.Random, device):
     return ids, attention, ids.masked_fill((attention == 0) | in_prompt, -100)
 
 
+def warmup_path(task: Task, runs_dir: str) -> str:
+    """runs_dir/warmup-<hash of the Task's fields and torch's thread count (it changes the float
+    sums)>; --long-misconception-rate counts only when it is set, so older warm-ups keep theirs."""
+    key = {f.name: getattr(task, f.name) for f in dataclasses.fields(Task)
+           if f.name != "long_misconception_rate" or task.long_misconception_rate}
+    key = json.dumps(dict(key, threads=torch.get_num_threads()), sort_keys=True)
+    return os.path.join(runs_dir, f"warmup-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
+
+
 def load_or_warm_up(task: Task, device, runs_dir: str):
-    """The starting policy: the tiny model after a supervised warm-up, cached in runs_dir under
-    a hash of the Task's fields and torch's thread count (it changes the float sums).
+    """The starting policy: the tiny model after a supervised warm-up, cached at warmup_path.
     Returns (model, tokenizer, the checkpoint's path)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    key = {f.name: getattr(task, f.name) for f in dataclasses.fields(Task)}
-    key = json.dumps(dict(key, threads=torch.get_num_threads()), sort_keys=True)  # float order
-    path = os.path.join(runs_dir, f"warmup-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
+    path = warmup_path(task, runs_dir)
     if os.path.exists(os.path.join(path, "config.json")):
         print(f"warm-up: reusing {path}")
         model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
@@ -272,7 +314,8 @@ def check_task(t: Task) -> None:
     check_fields(t, lambda v: v >= 0, ">= 0", "warmup_steps")
     check_fields(t, lambda v: v >= 1, ">= 1", "warmup_batch", "max_new_tokens", "n_layer",
                  "n_embd", "n_head")
-    check_fields(t, lambda v: 0 <= v <= 1, "in [0, 1]", "misconception_rate", "slip_rate",
+    check_fields(t, lambda v: 0 <= v <= 1, "in [0, 1]", "misconception_rate",
+                 "long_misconception_rate", "slip_rate",
                  "recheck_rate", "loop_rate")
     check_fields(t, lambda v: v > 0, "> 0", "warmup_lr")
     require(t.n_embd % t.n_head == 0, f"--n-embd must be a multiple of --n-head, got "

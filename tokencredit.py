@@ -398,6 +398,19 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     return torch.where(mask, weights, 0.0)  # NaN rows (no token) -> 0
 
 
+def cscr_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """CSCR's token advantage (our reading): each response's advantage spread by token weights.
+
+    A_{i,t} = w~_{i,t} A_i
+    Args: advantages (N,) A_i; weights (N, T) >= 0, cscr_weights' w~ (or high_entropy_mask's
+    keep, or their product). Returns: (N, T), what policy_loss takes as advantages. With
+    cscr_weights it keeps A_i's sign and sum_t A_{i,t} = |o_i| A_i: the verifier sets direction
+    and budget, the weights only where the credit lands.
+    """
+    _check_inputs(locals(), advantages="N")
+    return advantages[:, None] * weights  # (N, T)
+
+
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """H_t = -sum_v p_t(v) log p_t(v), the policy's entropy at each position, in float32.
 
@@ -471,7 +484,7 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # here (fill_batch checks filter_key in each round's _check_round).
 _POSITIVE_INT = ("a positive int", lambda v, g: type(v) is int and v > 0)
 _RULES = dict(
-    lengths="N", rewards="B G", values="B G", advantages="N|N T",
+    lengths="N", rewards="B G", values="B G", advantages="N|N T", weights="N T f",
     **dict.fromkeys(("logits", "student_logits", "teacher_logits"), "N T V f"),
     **dict.fromkeys(("logp", "ratio", "logp_pos", "logp_neg"), "N T f"),
     **dict.fromkeys(("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"), "N T"),
@@ -496,7 +509,8 @@ _FINITE = ("finite", lambda x, g: x.isfinite())
 _AT_LEAST_0 = ("finite and >= 0", lambda x, g: (0 <= x) & (x < math.inf))
 _VALUES = dict(  # (what a tensor's values must be, their test of the tensor x and the call g)
     rewards=_FINITE, values=_FINITE, entropy=_FINITE, d_pos=_FINITE, d_neg=_FINITE,
-    lengths=_AT_LEAST_0, sensitivity=_AT_LEAST_0, mask=("0 or 1", lambda x, g: (x == 0) | (x == 1)),
+    lengths=_AT_LEAST_0, sensitivity=_AT_LEAST_0, weights=_AT_LEAST_0,
+    mask=("0 or 1", lambda x, g: (x == 0) | (x == 1)),
     teacher_logits=("finite or -inf", lambda x, g: x < math.inf),  # -inf: a masked-out token
     student_logits=("finite or -inf, and > -inf where teacher_logits are (or KL(teacher || "
                     "student) is infinite)", lambda x, g: (x < math.inf) & (

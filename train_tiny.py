@@ -3,7 +3,7 @@
 The RL loop top to bottom: arguments and presets, rollouts, train_step (rollout -> rewards ->
 advantages -> per-token credit -> K updates -> record), evaluation, main. The task (adding 2 to 5
 one-digit numbers by partial sums, "6+9+8=" -> "6+9=15,15+8=23>23<eos>"), its exact verifier
-and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab/lab.py
+and the warm-up that makes a starting policy with habits RL can fix are in tiny_task.py; lab/
 runs this loop and measures it.
 
     python train_tiny.py --quick        # a first look: GRPO on a smaller task, about 45 s
@@ -26,10 +26,11 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 
 import tokencredit as tc
-from tiny_task import (ProblemStream, Task, arg, check_fields, check_task, describe_device,
-                       has_repeated_step, load_or_warm_up, mask_positions, meets_misconception,
-                       parse_list, pick_device, prompt_texts, quiet_transformers, require,
-                       response_mask, sample_tokens, seed_everything, tokenize_prompts, verify_all)
+from tiny_task import (ProblemStream, Task, arg, carry_steps, check_fields, check_task,
+                       describe_device, has_repeated_step, load_or_warm_up, mask_positions,
+                       meets_long_misconception, meets_misconception, parse_list, pick_device,
+                       prompt_texts, quiet_transformers, require, response_mask, sample_tokens,
+                       seed_everything, tokenize_prompts, verify_all)
 
 # -----------------------------------------------------------------------------
 # arguments and presets
@@ -56,7 +57,7 @@ class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     micro_batches: int = arg(0, "the update's forward in this many groups of similar length "
                                 "(0: 4 on a CPU, 1 on a GPU)")
     log_every: int = arg(5, "policy updates between progress lines")
-    one_step_lr: float = arg(0.01, "learning rate of lab/lab.py's single plain-SGD step")
+    one_step_lr: float = arg(0.01, "learning rate of the lab's single plain-SGD step")
     # the method: set by the presets; any of them given here overrides every preset
     adv_scale: str = arg("std", "group advantage: / the group's std (GRPO), batch, none")
     baseline: str = arg("mean", "group advantage: - the group's mean (GRPO) or leave_one_out")
@@ -141,12 +142,13 @@ def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = 
                 help=f"{f.metadata['help']} ({f.default!r})", **kind)
 
 
-def read_arguments(argv: Optional[List[str]] = None) -> Dict[str, object]:
+def read_arguments(argv: Optional[List[str]] = None,
+                   prog: Optional[str] = None) -> Dict[str, object]:
     """The arguments given, by Args' names: --config FILE's, then the command line's over them."""
     presets = "\n".join(f"  {name:<9s} " + ", ".join(f"{k}={v}" for k, v in preset.items())
                         for name, preset in PRESETS.items())
     parser = argparse.ArgumentParser(
-        usage="%(prog)s [--quick] [--methods M] [--seeds S] [--config FILE] [options]",
+        prog=prog, usage="%(prog)s [--quick] [--methods M] [--seeds S] [--config FILE] [options]",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"presets (any argument given overrides it in every preset):\n{presets}\n"
                "--quick sets: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()) +
@@ -207,9 +209,10 @@ def as_kind(kind, value):
         return None
 
 
-def parse_args(argv: Optional[List[str]] = None):
-    """Returns (the base Args, one (method, Args) per method asked for, the seeds)."""
-    return resolve_args(read_arguments(argv))
+def parse_args(argv: Optional[List[str]] = None, prog: Optional[str] = None):
+    """Returns (the base Args, one (method, Args) per method asked for, the seeds). prog: the
+    command --help names (python -m lab runs this parser too)."""
+    return resolve_args(read_arguments(argv, prog))
 
 
 def resolve_args(given: Dict[str, object]):
@@ -325,6 +328,7 @@ def sample_groups_fn(model, tokenizer, args: Args, stream: ProblemStream, device
         return dict(rewards=rewards.view(B, G), correct=r.correct.view(B, G),
                     complete=r.complete.cpu().view(B, G), terms=torch.tensor(terms),
                     detour=torch.tensor([has_repeated_step(s) for s in r.texts]).view(B, G),
+                    carries=torch.tensor([carry_steps(s, args) for s in r.texts]).view(B, G, 4),
                     responses=responses.cpu().view(B, G, -1), mask=mask.cpu().view(B, G, -1))
     return sample_groups
 
@@ -367,7 +371,7 @@ def train_step(step: int, args: Args, model, ref_model, optimizer, tokenizer, sa
     return dict(record, reward=float(batch["rewards"].mean()),
                 accuracy=float(batch["correct"].float().mean()),
                 entropy=float(tc.aggregate(entropy, mask, "token")), loss=float(loss.detach()),
-                **stats, **rollout_stats(batch, mask))
+                **stats, **rollout_stats(batch, mask, args))
 
 
 def collect_groups(args: Args, sample_groups):
@@ -408,7 +412,7 @@ def token_credit(args: Args, advantages, mask, entropy, old_logp, conds) -> torc
     if args.entropy_top < 1:
         keep = tc.high_entropy_mask(entropy, mask, args.entropy_top)
         weights = keep if weights is None else weights * keep
-    return advantages if weights is None else advantages[:, None] * weights  # A_{i,t} = A_i w_{i,t}
+    return advantages if weights is None else tc.cscr_advantages(advantages, weights)  # A_{i,t}
 
 
 def update_loss(args: Args, logp, logits, old_logp, token_adv, mask, ref_logp, conds):
@@ -430,13 +434,29 @@ def update_loss(args: Args, logp, logits, old_logp, token_adv, mask, ref_logp, c
     return loss, stats
 
 
-def rollout_stats(batch: Dict[str, torch.Tensor], mask: torch.Tensor) -> Dict[str, float]:
+def is_long(terms: torch.Tensor, args: Args) -> torch.Tensor:
+    """(B, max_terms), -1 padded -> (B,): more numbers than the middle of the task's range (4 or 5
+    of 2-5): the problems whose answers are long."""
+    return (terms >= 0).sum(dim=1) * 2 > args.min_terms + args.max_terms
+
+
+def rollout_stats(batch: Dict[str, torch.Tensor], mask: torch.Tensor,
+                  args: Args) -> Dict[str, float]:
     """The update's rollouts: mean length, of right and of wrong answers; the fraction truncated
-    (loops that hit the budget) and that finished after re-checking a step."""
+    (loops that hit the budget) and that finished after re-checking a step; of the steps where a
+    misconception applies, the fraction written right: the first's in answers to short and to
+    long problems (is_long), the second's (--long-misconception-rate), all in long answers."""
     lengths = mask.sum(dim=1).float().cpu()  # (N,)
     correct, complete = batch["correct"].flatten(), batch["complete"].flatten()
     right, wrong = lengths[correct], lengths[~correct]
-    return dict(length=float(lengths.mean()),
+    long = is_long(batch["terms"], args)[:, None].expand(batch["correct"].shape).flatten()  # (N,)
+    carries = batch["carries"].flatten(0, 1).float()  # (N, 4): met, right; met, right
+
+    def done_right(rows, k):  # of the steps where misconception k applies, the fraction right
+        met = carries[rows, 2 * k].sum()
+        return float(carries[rows, 2 * k + 1].sum() / met) if met else float("nan")
+    return dict(fix_short=done_right(~long, 0), fix_long=done_right(long, 0),
+                fix_long_misconception=done_right(slice(None), 1), length=float(lengths.mean()),
                 length_correct=float(right.mean()) if right.numel() else float("nan"),
                 length_wrong=float(wrong.mean()) if wrong.numel() else float("nan"),
                 truncated_frac=float((~complete).float().mean()),
@@ -474,13 +494,20 @@ def evaluate(model, tokenizer, args: Args, problems, device) -> Dict[str, float]
             r = rollout(model, tokenizer, args, chunk, args.eval_samples, False, device)
             sampled += r.correct.view(len(chunk), -1).float().mean(dim=1).tolist()
     meets = [meets_misconception(t, args) for t in problems]
+    groups = dict(long=is_long(torch.tensor([t + [-1] * (args.max_terms - len(t))
+                                             for t in problems]), args).tolist(),
+                  long_misconception=[meets_long_misconception(t, args) for t in problems])
 
-    def mean(xs, where=None):  # over every problem, or those that meet the misconception or not
-        xs = [x for x, m in zip(xs, meets) if where is None or m == where]
+    def mean(xs, where=None, among=meets):  # over every problem, or where among is `where`
+        xs = [x for x, m in zip(xs, among) if where is None or m == where]
         return sum(xs) / len(xs) if xs else float("nan")
+    by_group = {f"{what}_{name}": mean(xs, True, among)  # the lab's failure-1 measures
+                for name, among in groups.items() for what, xs in (("accuracy", greedy),
+                                                                   ("sampled_accuracy", sampled))}
     return dict(accuracy=mean(greedy), sampled_accuracy=mean(sampled), length=mean(lengths),
                 accuracy_misconception=mean(greedy, True), accuracy_other=mean(greedy, False),
-                sampled_accuracy_misconception=mean(sampled, True))
+                sampled_accuracy_misconception=mean(sampled, True),
+                sampled_accuracy_short=mean(sampled, False, groups["long"]), **by_group)
 
 
 def progress(r: dict) -> str:
@@ -524,12 +551,12 @@ def train_method(label: str, args: Args, seed: int, start_path: str, tokenizer, 
     return history, False, model
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> dict:
     """Warm up (or reuse) the starting policy, train every method from it for every seed, print
     the held-out accuracy before and after. Writes runs/<name>/config.json (--config reruns it),
     metrics.jsonl (a record per update), results.json and each trained policy (METHOD-seedSEED/,
     save_pretrained), and returns the results."""
-    given = read_arguments(argv)
+    given = read_arguments(argv, prog)
     base, runs, seeds = resolve_args(given)
     quiet_transformers()
     device = pick_device(base.device)

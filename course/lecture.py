@@ -15,7 +15,7 @@ import torch
 
 import tiny_task
 import tokencredit as tc
-from lab import lab
+from lab import compare, credit, plots, records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
@@ -75,7 +75,7 @@ def paired_effect(plt) -> str:
     fig, ax = plt.subplots(figsize=(10, 5.6))
     said = []
     for y, (label, base, other) in enumerate(PAIRS):
-        p = lab.paired(*(lab.load_side(os.path.join(RESULTS, name + ".json"))
+        p = compare.paired(*(records.load_side(os.path.join(RESULTS, name + ".json"))
                          for name in (base, other)))
         row = next(r for r in p["rows"] if r["key"] == PAIRED_MEASURE)
         n = len(row["diffs"])
@@ -108,25 +108,25 @@ def cscr_answer_weights(plt) -> str:
     one sampled answer's shifts."""
     tokenizer = tiny_task.build_tokenizer()
     ids = torch.tensor(tokenizer(GROUP[0][1])["input_ids"] + [tokenizer.eos_token_id])
-    classes = lab.token_classes(tokenizer, ids[None])[0]  # (T,) index into lab.CLASSES
+    classes = credit.token_classes(tokenizer, ids[None])[0]  # (T,) index into credit.CLASSES
     with open(os.path.join(RESULTS, "readme.json")) as f:
         by_class = json.load(f)["diagnosis"]["by_class"]
-    mean_s = [by_class[name]["mean_sensitivity"] for name in lab.CLASSES]
+    mean_s = [by_class[name]["mean_sensitivity"] for name in credit.CLASSES]
     s = torch.tensor([mean_s[c] for c in classes.tolist()])[None]  # (1, T)
     mask = torch.ones_like(s, dtype=torch.bool)
     fig, ax = plt.subplots(figsize=(10, 5.6))
     ax.axhline(1, color="black", linewidth=1.5, linestyle="--", label="strength 0 (GRPO)")
-    said = ["mean sensitivity " + ", ".join(f"{n} {v:.3f}" for n, v in zip(lab.CLASSES, mean_s))]
+    said = ["mean sensitivity " + ", ".join(f"{n} {v:.3f}" for n, v in zip(credit.CLASSES, mean_s))]
     for strength, marker in zip(CSCR_STRENGTHS, "osD"):
         w = tc.cscr_weights(s, mask, float(strength))[0]  # (T,) mean 1
         ax.plot(range(len(w)), w.tolist(), marker=marker, markersize=8, linewidth=1.5,
                 label=f"strength {strength}")
         said.append(f"strength {strength}: " + ", ".join(
-            f"{n} {w[classes == k][0]:.3f}" for k, n in enumerate(lab.CLASSES)
+            f"{n} {w[classes == k][0]:.3f}" for k, n in enumerate(credit.CLASSES)
             if (classes == k).any()))
     ax.set_xticks(range(len(ids)))
-    ax.set_xticklabels([f"{t}\n{lab.CLASSES[c][0].upper()}" for t, c in
-                        zip(lab.token_labels(tokenizer, ids), classes.tolist())])
+    ax.set_xticklabels([f"{t}\n{credit.CLASSES[c][0].upper()}" for t, c in
+                        zip(plots.token_labels(tokenizer, ids), classes.tolist())])
     ax.set_ylim(0, 2.6)
     ax.set_ylabel("CSCR weight of the token (mean 1)")
     ax.set_xlabel("token and class: I intermediate digit, O operator, F format, A answer digit")
@@ -139,9 +139,9 @@ def cscr_answer_weights(plt) -> str:
 
 def dynamic_sampling(plt) -> str:
     """d. Groups sampled, informative and kept per update: the dapo preset, seed 0, as logged."""
-    run = lab.load_run(os.path.join(RESULTS, "readme.json"))
-    u = lab.seed_run((run, "dapo"), 0)["updates"]
-    args = lab.method_args(run, "dapo")
+    run = records.load_run(os.path.join(RESULTS, "readme.json"))
+    u = records.seed_run((run, "dapo"), 0)["updates"]
+    args = records.method_args(run, "dapo")
     B = args["prompts_per_step"]
     seen = [rounds * B for rounds in u["rounds"]]
     informative = [round(frac * n) for frac, n in zip(u["kept_frac"], seen)]
@@ -203,7 +203,7 @@ FIGURES = {"sample-token-weights.svg": sample_token_weights, "paired-effect.svg"
 def write_figures(out_dir: str) -> dict:
     """Each figure of FIGURES into out_dir. Returns {file name: the numbers it shows}."""
     import matplotlib
-    plt = lab.pyplot()
+    plt = plots.pyplot()
     os.makedirs(out_dir, exist_ok=True)
     said = {}
     with matplotlib.rc_context(STYLE):

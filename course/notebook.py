@@ -123,8 +123,8 @@ run(sys.executable, "train_tiny.py", *demo, cwd=HANDOUT)
 # %%
 RUN = os.path.join(HANDOUT, "runs", "notebook")
 CURVES = os.path.join(RUN, "notebook-curves.png")
-run(sys.executable, "-c", "import sys; from lab import lab; "
-    "lab.plot_curves(lab.load_run(sys.argv[1]), sys.argv[2])", RUN, CURVES, cwd=HANDOUT)
+run(sys.executable, "-c", "import sys; from lab import plots, records; "
+    "plots.plot_curves(records.load_run(sys.argv[1]), sys.argv[2])", RUN, CURVES, cwd=HANDOUT)
 try:
     from IPython import get_ipython
     from IPython.display import Image, display

@@ -20,9 +20,12 @@ import json
 import os
 from typing import Dict, List
 
-from lab import lab
 import tiny_task
 import train_tiny as tt
+from lab import credit, plots
+from lab.compare import EARLY, format_paired, pair_up
+from lab.records import load_side, method_args, seed_run
+from lab.stats import mean_of, paired_stats
 
 ENTROPY_BLOWUP = 2.0  # an update is unstable when its entropy exceeds this times strength 0's
 SWEEP_HEADER = ("| strength | tau | per seed, in seed order | mean [95 % t-interval] | "
@@ -33,10 +36,10 @@ MEASURES = (  # (label, digits, per-seed value from (run, start, its strength-0 
     ("held-out greedy accuracy at the end", 3, lambda r, start, base: final(r, start)["accuracy"]),
     ("held-out greedy where the misconception applies, at the end", 3,
      lambda r, start, base: final(r, start)["accuracy_misconception"]),
-    ("rollout entropy, mean over the run", 4, lambda r, start, base: lab.mean_of(
+    ("rollout entropy, mean over the run", 4, lambda r, start, base: mean_of(
         r["updates"]["entropy"])),
-    (f"truncated fraction, updates 1-{lab.EARLY}", 4, lambda r, start, base: lab.mean_of(
-        r["updates"]["truncated_frac"][:lab.EARLY])),
+    (f"truncated fraction, updates 1-{EARLY}", 4, lambda r, start, base: mean_of(
+        r["updates"]["truncated_frac"][:EARLY])),
     (f"updates with entropy > {ENTROPY_BLOWUP:g} x strength 0's (stability)", 1,
      lambda r, start, base: float(sum(
          e is not None and b is not None and e > ENTROPY_BLOWUP * b
@@ -72,8 +75,8 @@ def arms(paths: List[str]) -> Dict[tuple, tuple]:
     arm whatever its tau (it never reads tau)."""
     out = {}
     for path in paths:
-        run, method = lab.load_side(path)
-        args = lab.method_args(run, method)
+        run, method = load_side(path)
+        args = method_args(run, method)
         strength = args["cscr_strength"]
         tau = args["cscr_threshold"] if strength else 0.0
         key = (args["warmup_seed"], strength, tau)
@@ -92,7 +95,7 @@ def with_tau(side: tuple, tau: float) -> tuple:
 
 def sweep_rows(found: Dict[tuple, tuple]) -> list:
     """One dict per (warm-up seed, strength, tau, measure): each strength > 0 against the
-    strength-0 run of its warm-up, over the seeds both have (lab.pair_up checks the pairing)."""
+    strength-0 run of its warm-up, over the seeds both have (pair_up checks the pairing)."""
     rows = []
     for (ws, strength, tau), other in sorted(found.items()):
         if strength == 0:
@@ -101,15 +104,15 @@ def sweep_rows(found: Dict[tuple, tuple]) -> list:
             raise ValueError(f"sweep: strength {strength:g} on warm-up seed {ws} has no "
                              "strength-0 run to pair with")
         base = found[ws, 0.0, 0.0]
-        seeds, _ = lab.pair_up(with_tau(base, tau), other)  # one knob apart, or an error
+        seeds, _ = pair_up(with_tau(base, tau), other)  # one knob apart, or an error
         for label, digits, measure in MEASURES:
             diffs = []
             for seed in seeds:
-                b, o = lab.seed_run(base, seed), lab.seed_run(other, seed)
+                b, o = seed_run(base, seed), seed_run(other, seed)
                 diffs.append(measure(o, other[0]["start"], b) - measure(b, base[0]["start"], b))
             rows.append(dict(warmup_seed=ws, strength=strength, tau=tau, measure=label,
                              digits=digits, seeds=seeds, diffs=diffs,
-                             **lab.paired_stats(diffs, digits)))
+                             **paired_stats(diffs, digits)))
     return rows
 
 
@@ -124,66 +127,23 @@ def format_sweep(rows: list) -> str:
             seeds = ", ".join(map(str, mine[0]["seeds"]))
             out += [f"CSCR sweep, warm-up seed {ws}: {label}, strength s minus strength 0 "
                     f"(GRPO) in the same seed (seeds {seeds})", SWEEP_HEADER, "|---" * 6 + "|"]
-            out += [f"| {r['strength']:g} | {r['tau']:g} | {lab.format_paired(r)} |"
+            out += [f"| {r['strength']:g} | {r['tau']:g} | {format_paired(r)} |"
                     for r in mine]
             out.append("")
     return "\n".join(out).rstrip()
-
-
-def plot_sweep(rows: list, path: str) -> None:
-    """One panel per measure: x the strength, each seed's difference from strength 0 as a dot,
-    the mean with its 95 % interval as a line with bars, tau = 0 and tau > 0 side by side."""
-    plt = lab.pyplot()
-    seeds_of = [r["warmup_seed"] for r in rows]
-    ws = max(set(seeds_of), key=seeds_of.count)  # the warm-up swept over most strengths
-    strengths = sorted({r["strength"] for r in rows if r["warmup_seed"] == ws})
-    taus = sorted({r["tau"] for r in rows if r["warmup_seed"] == ws})
-    colours = ("tab:blue", "tab:orange", "tab:green")
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
-    for ax, (label, _, _) in zip(axes.flat, MEASURES):
-        for j, (tau, colour) in enumerate(zip(taus, colours)):
-            mine = sorted((r for r in rows if r["warmup_seed"] == ws and r["measure"] == label
-                           and r["tau"] == tau), key=lambda r: r["strength"])
-            x = [strengths.index(r["strength"]) + (j - (len(taus) - 1) / 2) * 0.25 for r in mine]
-            for xi, r in zip(x, mine):
-                n = len(r["diffs"])
-                ax.scatter([xi + 0.1 * (i / max(n - 1, 1) - 0.5) for i in range(n)], r["diffs"],
-                           s=9, color=colour, alpha=0.45)
-            ax.errorbar(x, [r["mean"] for r in mine],
-                        yerr=[[r["mean"] - r["low"] for r in mine],
-                              [r["high"] - r["mean"] for r in mine]],
-                        color=colour, linewidth=2, capsize=4, label=f"tau = {tau:g}")
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(strengths)), [f"{s:g}" for s in strengths])
-        ax.set_xlabel("CSCR strength (alpha)")
-        ax.set_title(label, fontsize=9.5)
-        ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
-    axes.flat[-1].axis("off")
-    axes.flat[-1].text(0, 0.5, "each panel: strength s minus strength 0 (GRPO),\nin the same "
-                       "seed (same warm-up, problems,\nfirst batch). Dots: one seed each.\nLine "
-                       "and bars: the mean over seeds\nand its 95 % t-interval. Above 0:\nhigher "
-                       "than GRPO.", fontsize=11, va="center")
-    fig.suptitle(f"CSCR's strength, seed by seed against GRPO (warm-up seed {ws}, "
-                 f"{len(next(r for r in rows if r['warmup_seed'] == ws)['seeds'])} seeds)",
-                 fontsize=12)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 # -----------------------------------------------------------------------------
 # claim 4: the diagnosis, on the starting policy and after training at strength 1
 
 def diagnose(model, tokenizer, args, problems, strength: float, device) -> dict:
-    """lab.diagnose, and for each token class its share of all tokens and of the top 20 % of
+    """credit.diagnose, and for each token class its share of all tokens and of the top 20 % of
     tokens by sensitivity: where the largest shifts sit."""
-    result, picture = lab.diagnose(model, tokenizer, args, problems, strength, device)
+    result, picture = credit.diagnose(model, tokenizer, args, problems, strength, device)
     mask = picture["mask"]
-    classes = lab.token_classes(tokenizer, picture["responses"])
-    top = tt.tc.high_entropy_mask(picture["sensitivity"], mask, lab.ENTROPY_TOP).bool()
-    for k, name in enumerate(lab.CLASSES):
+    classes = credit.token_classes(tokenizer, picture["responses"])
+    top = tt.tc.high_entropy_mask(picture["sensitivity"], mask, credit.ENTROPY_TOP).bool()
+    for k, name in enumerate(credit.CLASSES):
         in_class = mask & (classes == k)
         result["by_class"][name]["shares"] = (float(in_class.sum() / mask.sum()),
                                               float((top & in_class).sum() / top.sum()))
@@ -253,7 +213,7 @@ def sweep(argv: List[str]) -> list:
     parser = argparse.ArgumentParser(
         prog="python -m lab sweep", description="CSCR's strength sweep read in pairs: each "
         "strength against strength 0 in the same seed, per measure; claim 4's diagnosis from "
-        "any cscr-diagnosis-*.json given.")
+        "any results/cscr-diagnosis/ws*.json given (python -m lab cscr-diagnose writes them).")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="saved CSCR runs (results/cscr-s*.json) and diagnoses "
                         "(results/cscr-diagnosis/*.json)")
@@ -274,6 +234,6 @@ def sweep(argv: List[str]) -> list:
     if diagnoses:
         print("\n" + format_claim4(sorted(diagnoses, key=lambda d: d["warmup_seed"])))
     if a.plot:
-        plot_sweep(rows, a.plot)
+        plots.plot_sweep(rows, [label for label, _, _ in MEASURES], a.plot)
         print(f"wrote {a.plot}")
     return rows

@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from lab import cscr, lab
+from lab import cli, compare, cscr
 import tokencredit as tc
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
@@ -118,7 +118,7 @@ def tables(text: str) -> list:
 def test_result_tables_are_what_the_report_prints(capsys):
     """Every table of README.md and docs/ whose header is one of `python -m lab report
     results/*.json`'s is exactly a table that command prints from the committed results."""
-    lab.report(sorted(glob.glob(os.path.join(HERE, "results", "*.json"))))
+    cli.report(sorted(glob.glob(os.path.join(HERE, "results", "*.json"))))
     out = capsys.readouterr().out
     printed = tables(out)
     headers = {table[0] for table in printed}
@@ -148,10 +148,10 @@ def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
     out = ""
     for command in sorted(commands):
         plot = [] if "--primary" in command else ["--plot", str(tmp_path / "pair.png")]
-        lab.main(["compare", *command.split(), *plot])
+        cli.main(["compare", *command.split(), *plot])
         out += capsys.readouterr().out
     printed, said = tables(out), set(out.splitlines())
-    headers = (lab.COMPARE_HEADER, lab.PRIMARY_HEADER)
+    headers = (compare.COMPARE_HEADER, compare.PRIMARY_HEADER)
     paired = [table for text in texts for table in tables(text) if table[0] in headers]
     missing = [table for table in paired if table not in printed]
     assert paired, "no paired table in README.md or docs/"

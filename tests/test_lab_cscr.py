@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lab import cscr, lab
+from lab import cscr, records
 import train_tiny as tt
 
 
@@ -18,7 +18,7 @@ def cscr_run(name, strength, tau, entropy, sampled, warmup_seed=1234):
     evals = dict(accuracy=0.9, length=20.0, accuracy_misconception=0.5, accuracy_other=0.95,
                  sampled_accuracy_misconception=0.4)
     runs = [dict(method="cscr", seed=s, wall_s=1.0,
-                 updates={**{k: [0.1] * 4 for k in lab.UPDATE_KEYS}, "step": [1, 2, 3, 4],
+                 updates={**{k: [0.1] * 4 for k in records.UPDATE_KEYS}, "step": [1, 2, 3, 4],
                           "entropy": entropy[s]},
                  evals={"2": dict(evals, sampled_accuracy=sampled[s][0]),
                         "4": dict(evals, sampled_accuracy=sampled[s][1], accuracy=0.9 + s / 10)})

@@ -1,4 +1,4 @@
-"""Tests for tiny_task.py, train_tiny.py and lab/lab.py: the task and its verifier, sampling and scoring, the training
+"""Tests for tiny_task.py, train_tiny.py and lab/: the task and its verifier, sampling and scoring, the training
 path, the lab's measurements, the command line, and one real run that must learn.
 
 Tests that compare numbers across runs ask for --device cpu; the others accept what auto picks.
@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from lab import lab
+from lab import cli, compare, credit, learning, onestep, records, stats
 import tokencredit as tc
 import tiny_task
 import train_tiny as tt
@@ -95,7 +95,7 @@ def test_response_mask_and_token_classes():
     mask, complete = tiny_task.response_mask(torch.tensor([ids[:7] + [5, 6, 7]]), eos)
     assert mask.all() and complete.tolist() == [False]
     # 3 + 4 = 7 > 7 eos : intermediate, operator, intermediate, operator, intermediate, format, answer, format
-    assert lab.token_classes(tok, torch.tensor([ids]))[0].tolist() == [1, 2, 1, 2, 1, 3, 0, 3]
+    assert credit.token_classes(tok, torch.tensor([ids]))[0].tolist() == [1, 2, 1, 2, 1, 3, 0, 3]
 
 
 # -----------------------------------------------------------------------------
@@ -195,18 +195,18 @@ def test_one_update_moves_log_probs_towards_the_advantage():
 # the lab's one-step measurement
 
 def one_step_on_tiny_policy(monkeypatch, strength=1.0):
-    """lab.one_step on an untrained 1-layer model whose verdicts are fixed by hand (its answers are noise)."""
+    """onestep.one_step on an untrained 1-layer model whose verdicts are fixed by hand (its answers are noise)."""
     model, tokenizer = tiny_policy()
     pattern = torch.tensor([True, False, False, True, False, True, False, False])
     monkeypatch.setattr(tt, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
     args = tt.Args(max_new_tokens=24, group_size=4)
-    return lab.one_step(model, tokenizer, args, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05, "cpu")
+    return onestep.one_step(model, tokenizer, args, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05, "cpu")
 
 
 def test_one_step_is_deterministic_and_first_order(monkeypatch):
     a, b = one_step_on_tiny_policy(monkeypatch), one_step_on_tiny_policy(monkeypatch)
     assert a["delta"].keys() == b["delta"].keys() and all(torch.equal(a["delta"][k], b["delta"][k]) for k in a["delta"])
-    assert lab.one_step_table(a)["first_order_median"] == pytest.approx(2.0, abs=0.05)  # half the lr, half the change
+    assert onestep.one_step_table(a)["first_order_median"] == pytest.approx(2.0, abs=0.05)  # half the lr, half the change
     moved = a["advantages"] != 0
     assert (a["advantages"] * a["delta"]["sample"].sum(dim=1))[moved].sum() > 0  # the way the advantages point
 
@@ -236,33 +236,33 @@ def test_one_step_cscr_at_strength_zero_is_grpo_exactly(monkeypatch):
 
 def test_t_quantile_and_the_sign_test_against_closed_forms():
     # df 1 and 2 have closed forms: tan(pi (p - 1/2)) and (2p - 1) / sqrt(2 p (1 - p))
-    assert lab.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-9)
-    assert lab.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-9)
-    assert lab.t_quantile(0.975, 9) == pytest.approx(2.262157, abs=1e-6)  # the printed tables'
-    assert lab.t_quantile(0.5, 5) == pytest.approx(0.0, abs=1e-9)
+    assert stats.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-9)
+    assert stats.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-9)
+    assert stats.t_quantile(0.975, 9) == pytest.approx(2.262157, abs=1e-6)  # the printed tables'
+    assert stats.t_quantile(0.5, 5) == pytest.approx(0.0, abs=1e-9)
     # two-sided: 2 P(Binomial(n, 1/2) <= smaller count); 7 of 7 is 2/128, 3 of 3 is 2/8
-    assert lab.sign_test_p(0, 7) == 2 / 128 and lab.sign_test_p(3, 0) == 0.25
-    assert lab.sign_test_p(2, 8) == 2 * (1 + 10 + 45) / 1024 and lab.sign_test_p(5, 5) == 1.0
-    assert lab.sign_test_p(0, 0) == 1.0  # every seed tied: no evidence either way
+    assert stats.sign_test_p(0, 7) == 2 / 128 and stats.sign_test_p(3, 0) == 0.25
+    assert stats.sign_test_p(2, 8) == 2 * (1 + 10 + 45) / 1024 and stats.sign_test_p(5, 5) == 1.0
+    assert stats.sign_test_p(0, 0) == 1.0  # every seed tied: no evidence either way
     with pytest.raises(ValueError, match="0.5 <= p < 1 and df >= 1, got p=0.3"):
-        lab.t_quantile(0.3, 4)
+        stats.t_quantile(0.3, 4)
 
 
 def test_paired_stats_hand_worked():
     # differences -1, -2, -3, +0.5: mean -1.375; Bessel sd sqrt(6.6875 / 3) = 1.49304; the 95 %
     # half-width t(0.975, 3) sd / sqrt(4) = 3.182446 x 0.746520 = 2.375759
-    s = lab.paired_stats([-1.0, -2.0, -3.0, 0.5])
+    s = stats.paired_stats([-1.0, -2.0, -3.0, 0.5])
     assert s["mean"] == -1.375 and (s["plus"], s["minus"], s["zero"]) == (1, 3, 0)
     assert s["low"] == pytest.approx(-1.375 - 2.375759, abs=1e-5)
     assert s["high"] == pytest.approx(-1.375 + 2.375759, abs=1e-5)
     assert s["p"] == 2 * (1 + 4) / 16  # 1 of 4 positive
-    tied = lab.paired_stats([5e-8, -1.0, -1.0], digits=4)  # +0.0000 as printed: a tie, counted
+    tied = stats.paired_stats([5e-8, -1.0, -1.0], digits=4)  # +0.0000 as printed: a tie, counted
     assert (tied["plus"], tied["minus"], tied["zero"], tied["p"]) == (0, 2, 1, 0.5)  # apart
-    assert lab.paired_stats([5e-8, -1.0, -1.0], digits=8)["plus"] == 1
+    assert stats.paired_stats([5e-8, -1.0, -1.0], digits=8)["plus"] == 1
 
 
 def fake_run(name, seeds, truncated, wrong, sampled, **config):
-    """A saved run as lab.load_run returns it: grpo, 12 updates; truncated[s] and wrong[s] are
+    """A saved run as records.load_run returns it: grpo, 12 updates; truncated[s] and wrong[s] are
     seed s's per-update series (None: no wrong answer in that batch), sampled[s] its last
     held-out sampled accuracy."""
     cfg = {**dataclasses.asdict(tt.Args()), "methods": "grpo", "name": name, "steps": 12,
@@ -270,7 +270,7 @@ def fake_run(name, seeds, truncated, wrong, sampled, **config):
     evals = dict(accuracy=0.9, length=20.0, accuracy_misconception=0.8, accuracy_other=0.95,
                  sampled_accuracy_misconception=0.5)
     runs = [dict(method="grpo", seed=s, wall_s=1.0, evals={"12": dict(evals, sampled_accuracy=sampled[s])},
-                 updates={**{k: [0.5] * 12 for k in lab.UPDATE_KEYS}, "step": list(range(1, 13)),
+                 updates={**{k: [0.5] * 12 for k in records.UPDATE_KEYS}, "step": list(range(1, 13)),
                           "truncated_frac": truncated[s], "length_wrong": wrong[s]})
             for s in seeds]
     start = dict(evals, sampled_accuracy=0.4)
@@ -292,7 +292,7 @@ def test_compare_pairs_seeds_hand_worked(tmp_path, capsys):
         paths.append(str(tmp_path / f"{run['name']}.json"))
         with open(paths[-1], "w") as f:
             json.dump(run, f)
-    [p] = lab.main(["compare", *paths, "--plot", str(tmp_path / "pair.png")])
+    [p] = cli.main(["compare", *paths, "--plot", str(tmp_path / "pair.png")])
     out = capsys.readouterr().out
     assert p["seeds"] == [1, 2] and p["changed"] == {"loss_mode": ("sample", "token")}
     rows = {row["label"]: (row["diffs"], row) for row in p["rows"]}
@@ -309,15 +309,15 @@ def test_compare_pairs_seeds_hand_worked(tmp_path, capsys):
                           "'token': seeds 1, 2 (2 in common; update 1's rollouts identical in 1")
     assert "| truncated fraction, updates 1-10 | -0.0500 -0.0900 | -0.0700 [" in out
     assert (tmp_path / "pair.png").stat().st_size > 0
-    lab.main(["compare", *paths, *paths, "--primary"])  # two pairs, the two primary rows of each
+    cli.main(["compare", *paths, *paths, "--primary"])  # two pairs, the two primary rows of each
     primary = capsys.readouterr().out.splitlines()
-    assert primary[1] == lab.PRIMARY_HEADER and len(primary) == 3 + 2 * 2
+    assert primary[1] == compare.PRIMARY_HEADER and len(primary) == 3 + 2 * 2
     assert primary[3].startswith("| other - base | loss_mode 'sample' -> 'token' | truncated "
                                  "fraction, updates 1-10 | -0.0500 -0.0900 |")
     assert primary[4].startswith("| other - base | loss_mode 'sample' -> 'token' | wrong-answer "
                                  "length, updates 1-12 | -6.00 +1.00 |")
     with pytest.raises(ValueError, match="expected BASE OTHER pairs"):
-        lab.main(["compare", *paths, paths[0]])
+        cli.main(["compare", *paths, paths[0]])
 
 
 def test_compare_refuses_runs_it_cannot_pair(tmp_path):
@@ -328,27 +328,27 @@ def test_compare_refuses_runs_it_cannot_pair(tmp_path):
         run = fake_run(name, list(seeds), series, series, sampled, **config)
         with open(tmp_path / f"{name}.json", "w") as f:
             json.dump(run, f)
-        return lab.load_side(str(tmp_path / f"{name}.json"))
+        return records.load_side(str(tmp_path / f"{name}.json"))
     base = side("base")
     with pytest.raises(ValueError, match="no seed in common"):
-        lab.pair_up(base, side("later", seeds=(2,), loss_mode="token"))
+        compare.pair_up(base, side("later", seeds=(2,), loss_mode="token"))
     with pytest.raises(ValueError, match="differ in loop_rate 0.12 -> 0.3, so one seed no longer"):
-        lab.pair_up(base, side("loops", loop_rate=0.3, loss_mode="token"))
+        compare.pair_up(base, side("loops", loop_rate=0.3, loss_mode="token"))
     with pytest.raises(ValueError, match="warmup_seed 1234 -> 7"):
-        lab.pair_up(base, side("start", warmup_seed=7))
+        compare.pair_up(base, side("start", warmup_seed=7))
     with pytest.raises(ValueError, match="more than one knob, eps_high 0.2 -> 0.28, loss_mode"):
-        lab.pair_up(base, side("two", eps_high=0.28, loss_mode="token"))
+        compare.pair_up(base, side("two", eps_high=0.28, loss_mode="token"))
     with pytest.raises(ValueError, match="the same arguments"):
-        lab.pair_up(base, side("twin"))
+        compare.pair_up(base, side("twin"))
     elsewhere = side("elsewhere", loss_mode="token")
     elsewhere[0]["start"]["accuracy"] = 0.79  # the same arguments, another machine's warm-up
     with pytest.raises(ValueError, match=r"different policies .*\(0.9, 0.4, 20.0\) and \(0.79, "):
-        lab.pair_up(base, elsewhere)
+        compare.pair_up(base, elsewhere)
     with pytest.raises(ValueError, match="no saved run at"):
-        lab.load_side(str(tmp_path / "missing.json"))
+        records.load_side(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="name one, as .*:grpo, got 'dapo'"):
-        lab.load_side(str(tmp_path / "base.json") + ":dapo")
-    assert lab.pair_up(base, side("token", loss_mode="token")) == ([0, 1], {"loss_mode": ("sample", "token")})
+        records.load_side(str(tmp_path / "base.json") + ":dapo")
+    assert compare.pair_up(base, side("token", loss_mode="token")) == ([0, 1], {"loss_mode": ("sample", "token")})
 
 
 def test_the_report_prints_nan_where_no_held_out_problem_meets_the_misconception(tmp_path, capsys):
@@ -360,7 +360,7 @@ def test_the_report_prints_nan_where_no_held_out_problem_meets_the_misconception
         evals.update(accuracy_misconception=None, sampled_accuracy_misconception=None)
     with open(tmp_path / "few.json", "w") as f:
         json.dump(run, f)
-    lab.report([str(tmp_path / "few.json")])
+    cli.report([str(tmp_path / "few.json")])
     out = capsys.readouterr().out
     assert "from 0.900 greedy (nan where the misconception applies) and 0.400 sampled (nan):" in out
     assert "| grpo | 0.900 +- 0.000 | 0.625 +- 0.177 | nan +- nan | 20.0 +- 0.0 | 0.100 -> 0.100 " \
@@ -374,7 +374,7 @@ def test_the_report_names_a_table_it_does_not_print_again(tmp_path, capsys):
     for name in ("ours", "mine"):
         with open(tmp_path / f"{name}.json", "w") as f:
             json.dump(fake_run(name, [0], series, series, {0: 0.5}), f)
-    lab.report([str(tmp_path / "ours.json"), str(tmp_path / "mine.json")])
+    cli.report([str(tmp_path / "ours.json"), str(tmp_path / "mine.json")])
     mine = capsys.readouterr().out.split("## mine\n")[1].split("\n")
     assert mine[1].startswith("held-out accuracy after 12 policy updates") and \
         mine[2] == "(the same table as above)" and mine[4].startswith("rollout statistics")
@@ -400,7 +400,7 @@ def drop_times(record: dict) -> dict:  # what a run computes, without the second
 def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The one test that asks for the CPU by name; what --device auto picks is never assumed."""
     monkeypatch.chdir(tmp_path)
-    results = lab.main(TINY + ["--name", "smoke", "--seeds", "0,1", "--device", "cpu"])
+    results = cli.main(TINY + ["--name", "smoke", "--seeds", "0,1", "--device", "cpu"])
     out = capsys.readouterr().out
     assert out.startswith("device: cpu (asked for cpu)") and "| method |" in out
     for title in ("held-out accuracy after 2 policy updates", "One SGD step", "CSCR diagnosis",
@@ -416,13 +416,13 @@ def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, c
     on_disk = json.loads((run / "results.json").read_text())
     assert json.dumps(on_disk["one_step"]) == json.dumps(results["one_step"])  # NaN != NaN
     # the report reads the run back, and prints the same tables from its compact copy
-    lab.report([str(run), "--save", str(tmp_path / "kept")])
+    cli.report([str(run), "--save", str(tmp_path / "kept")])
     first = capsys.readouterr().out
-    lab.report([str(tmp_path / "kept" / "smoke.json")])
-    assert capsys.readouterr().out == first and lab.format_results(lab.load_run(str(run))) in first
+    cli.report([str(tmp_path / "kept" / "smoke.json")])
+    assert capsys.readouterr().out == first and learning.format_results(cli.load_run(str(run))) in first
     diag = results["diagnosis"]
     assert diag["all"]["same_direction"] + diag["all"]["sign_reversal"] == pytest.approx(1.0, abs=0.05)
-    assert set(diag["by_class"]) == set(lab.CLASSES)
+    assert set(diag["by_class"]) == set(credit.CLASSES)
     tt.main(TINY + ["--name", "again", "--methods", "grpo"])  # the cached warm-up is reused
     assert "warm-up: reusing" in capsys.readouterr().out
 
@@ -445,7 +445,7 @@ def test_impl_trains_with_the_students_file(tmp_path, monkeypatch, capsys):
                     for name in ("direct", "impl"))
     assert [drop_times(r) for r in impl] == [drop_times(r) for r in direct] and len(direct) == 2
     capsys.readouterr()
-    results = lab.main(argv + ["--name", "partial", "--impl", "grpo_only.py"])
+    results = cli.main(argv + ["--name", "partial", "--impl", "grpo_only.py"])
     out = capsys.readouterr().out
     assert len(results["runs"]) == 1 and "pass_at_group" in results
     assert f"tokencredit: {tmp_path / 'grpo_only.py'}\n" in out  # which file it trained with
