@@ -19,9 +19,10 @@ HANDOUT = ("tokencredit.py", TESTS, HIDDEN, "tests/conftest.py", "train_tiny.py"
            "docs/lab.md", "docs/credit.png", "docs/cscr-sweep.png", "results")
 COURSE_FILES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
                 "grading.py", "report.py", "flags.py", "bundle.py", "handout.py")
-LEFT_OUT = ("onestep.md", "tests/test_translation.py", "trl_bridge", "test_trl_tokencredit.py",
-            "bench", "test_course.py", "test_docs.py", "test_train_tiny.py", "speed.md",
-            "translation.md", "trl.md", "paired-token.png", "README.md")
+LEFT_OUT = ("onestep.md", "tests/test_translation.py", "tokencredit_trl", "test_trl_tokencredit.py",
+            "tokencredit_verl", "test_verl_plugin.py", "verl.md", "bench", "test_course.py",
+            "test_docs.py", "test_train_tiny.py", "speed.md", "translation.md", "trl.md",
+            "paired-token.png", "README.md")
 LAB_ANSWERS = (  # docs/lab.md's sections that answer a lab question: in the answers file only
     ("## Sample against token, seed by seed", 6),
     ("## Where does CSCR move credit?", 3),
@@ -66,9 +67,9 @@ grade runs each exercise beside the complete others, on inputs drawn from a seed
 
 Left out of this copy, because they hold solutions: the answers of the sheet{answers_note},
 test_translation.py (the same functions checked against verl's and TRL's formulas: your
-instructor may run it), trl_bridge and its tests, bench (they call the complete functions), the
-project's README and other docs (they quote the code), the plain-loop references of the tests,
-and the git history. MIT licence: LICENSE.
+instructor may run it), the TRL and verl bridges and their tests, bench (they call the complete
+functions), the project's README and other docs (they quote the code), the plain-loop references
+of the tests, and the git history. MIT licence: LICENSE.
 """
 
 

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what may land at the top of site-packages: the module, and the bridges' packages
 ALLOWED = {"tokencredit.py", "tokencredit_trl", "tokencredit_verl"}
 # what runs from a clone only
-CLONE_ONLY = ("train_tiny", "tiny_task", "lab", "course", "bench", "tests", "trl_bridge")
+CLONE_ONLY = ("train_tiny", "tiny_task", "lab", "course", "bench", "tests")
 EXTRAS = {"trl": "tokencredit_trl/requirements.txt", "verl": "tokencredit_verl/requirements.txt"}
 
 

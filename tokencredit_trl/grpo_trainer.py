@@ -627,7 +627,7 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
                                  f"{tuple(mask.shape)} (N, T), got {getattr(more, 'shape', more)}")
             weights = more if weights is None else weights * more
         if weights is not None:
-            advantages = advantages[:, None] * weights  # (N, T): A_{i,t} = A_i w_{i,t}
+            advantages = tc.cscr_advantages(advantages, weights)  # (N, T): A_i times the weights
         if self.use_vllm and self.vllm_importance_sampling_correction:
             advantages = with_sampling_correction(advantages, inputs["importance_sampling_ratio"],
                                                   mask, c.ratio_level)
