@@ -7,9 +7,8 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv-trl
 find_links=()
 if [ -d /opt/wheels ]; then find_links=(--find-links /opt/wheels); fi  # local torch CPU wheel
-# Until pyproject.toml has the [trl] extra; then: pip install ".[trl]" with the same -c files.
-.venv-trl/bin/python -m pip install -q "${find_links[@]}" -r requirements.txt \
-    -r tokencredit_trl/requirements.txt -c .ci/constraints.txt -c .ci/constraints-trl.txt
+.venv-trl/bin/python -m pip install -q "${find_links[@]}" ".[trl]" -c .ci/constraints.txt \
+    -c .ci/constraints-trl.txt
 log=$(mktemp)
 .venv-trl/bin/python -m pytest -q -rs tests/test_trl_tokencredit.py | tee "$log"
 if grep -q "skipped" "$log"; then
