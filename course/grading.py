@@ -496,26 +496,43 @@ def fresh_seed() -> int:
     return secrets.randbelow(10 ** 9)
 
 
+def course_secret() -> str:
+    """The instructor's secret: COURSE_SECRET, else one made once and kept in the cache."""
+    if os.environ.get("COURSE_SECRET"):
+        return os.environ["COURSE_SECRET"]
+    path = os.path.join(CACHE, "secret")
+    if not os.path.exists(path):
+        os.makedirs(CACHE, mode=0o700, exist_ok=True)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(16))
+    return read(path).strip()
+
+
+def seed_of(secret: str, source: str) -> int:
+    """A submission's seed: fixed by the secret and the file, unknown without the secret."""
+    return int(sha(secret, source)[:15], 16) % 10 ** 9
+
+
 class Grader:
     """reference None: a handout's grade (the student's file runs whole, exercises in order);
     else the official grade (exercise k: the student's exercise k beside the reference's others,
     the reference's exercise k blank in the child's copy)."""
 
     def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None,
-                 workers=None, user="auto"):
+                 workers=None, user="auto", secret=None):
         self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
-        self.in_order, self.seed = reference is None, seed
+        self.in_order, self.seed, self.secret = reference is None, seed, secret
         self.limits = dict(LIMITS, **(limits or {}))
         self.tests, self.workers, self.user = tests or test_files(), workers, user
         self.driver = None
         self.plan = scheme(mapping, self.exercises, self.in_order)
-        self.reference_fails = {}  # fresh test: whether the reference fails it at this seed
+        self.reference_fails = {}  # (seed, fresh test): whether the reference fails it
         self.shapes = {}
 
     def start(self, workers=None) -> None:
         """The judges, with their copy of the tests: before any submission is read."""
         if self.driver is None:
-            self.driver = Driver(self.tests, self.seed, self.mapping["constants"],
+            self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
                                  workers or self.workers, self.user)
 
@@ -547,11 +564,16 @@ class Grader:
         except (SyntaxError, ValueError):
             return False
 
+    def seed_for(self, source: str) -> int:
+        """The seed given (--seed, a handout's 0), else the submission's own from the secret."""
+        return self.seed if self.seed is not None else seed_of(self.secret, source)
+
     def jobs(self, source: str, label: str, exercises) -> list:
         out = []
         for k in exercises:
             job = dict(student=source, label=label, names=list(exercise_names(k)),
-                       tests=self.tests_of(k), limit=self.limits["time_s"])
+                       tests=self.tests_of(k), limit=self.limits["time_s"],
+                       seed=self.seed_for(source))
             if self.reference is None:
                 job.update(reference=None)
             else:
@@ -583,10 +605,12 @@ class Grader:
                    else ran.pop(0) for k in exercises]
         for k, result in zip(exercises, results):
             result["blank"] = not_written(source, exercise_names(k))
-        self.check_reference(results)
+        seed = self.seed_for(source)
+        self.check_reference(results, seed)
         rows = []
         for k, result in zip(exercises, results):
-            excluded = {t for t, fails in self.reference_fails.items() if fails}
+            excluded = {t for (at, t), fails in self.reference_fails.items()
+                        if fails and at == seed}
             plan = dict(self.plan[k], functions={n: [t for t in ts if t not in excluded]
                                                  for n, ts in self.plan[k]["functions"].items()})
             rows.append(score(plan, k, result, self.mapping["kinds"], self.limits))
@@ -597,26 +621,26 @@ class Grader:
                                              and not_written(source, exercise_names(j))])
         return rows
 
-    def check_reference(self, results) -> None:
-        """A fresh test a submission fails is run on the reference at this seed, once: if the
-        reference fails it too, it counts for no one."""
+    def check_reference(self, results, seed: int) -> None:
+        """A fresh test a submission fails is run on the reference at its seed, once: if the
+        reference fails it too, it counts for no one at that seed."""
         if self.reference is None:
             return
         failed = sorted({t for r in results for t, f in r["results"].items()
                          if f and self.mapping["kinds"].get(t) == "fresh"
-                         and t not in self.reference_fails})
+                         and (seed, t) not in self.reference_fails})
         if not failed:
             return
         self.start()
         check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
                                        reference=None, names=list(EXERCISE_OF), tests=failed,
-                                       limit=self.limits["time_s"] * 4)])
+                                       limit=self.limits["time_s"] * 4, seed=seed)])
         self.driver.sweep()
         for t in failed:
-            self.reference_fails[t] = bool(check["results"].get(t, "did not run"))
-        bad = [t for t in failed if self.reference_fails[t]]
+            self.reference_fails[(seed, t)] = bool(check["results"].get(t, "did not run"))
+        bad = [t for t in failed if self.reference_fails[(seed, t)]]
         if bad:
-            print(f"course: seed {self.seed}: the reference fails {bad}; they count for no one",
+            print(f"course: seed {seed}: the reference fails {bad}; they count for no one",
                   file=sys.stderr)
 
     def close(self) -> None:
