@@ -431,8 +431,8 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
             uses[t] = named or uses[t]
     for name, tests in functions.items():
         share = EXERCISES[k][1][name]
-        counted = [t for t in tests if t not in waiting and (
-            t not in failed or len(uses[t]) == 1 or name in wrong or not uses[t] & wrong)]
+        counted = [t for t in tests if t not in waiting and (t not in failed or name in uses[t]
+                   and (len(uses[t]) == 1 or name in wrong or not uses[t] & wrong))]
         bad = [t for t in counted if t in failed]
         got = share * (len(counted) - len(bad)) / len(counted) if counted else 0.0
         if any(kinds.get(t) in ("hand", "loop") for t in bad):

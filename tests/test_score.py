@@ -110,6 +110,20 @@ def group_advantages(rewards, *args, **kwargs):
     assert 9 < row["points"] < 10  # a share of one "other" test of group_advantages' 7 points
 
 
+def test_a_test_charged_to_the_function_it_is_named_after_costs_no_other():
+    """fill_batch keeps its surplus: its tests all call informative_groups too, and none fails
+    alone; each is charged to fill_batch, after whom it is named, and informative_groups keeps
+    its share (it lost it all before)."""
+    both = ["test_fill_batch", "test_h_fill_batch"]
+    plan = dict(functions={"informative_groups": ["test_ig"] + both, "fill_batch": both},
+                later={})
+    kinds = dict(test_ig="loop", test_fill_batch="loop", test_h_fill_batch="fresh")
+    result = dict(results=dict(test_ig=None, test_fill_batch="boom", test_h_fill_batch="boom"))
+    row = grading.score(plan, 2, result, kinds, grading.LIMITS)
+    assert row["per_function"] == {"informative_groups": (1, 1, 3.0, 3),
+                                   "fill_batch": (0, 2, 0.0, 7)}
+
+
 # -----------------------------------------------------------------------------
 # correct code that loses: the door
 
