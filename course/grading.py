@@ -490,11 +490,7 @@ def flag_row(rows: list, flags: list, strict: bool) -> None:
 
 
 # -----------------------------------------------------------------------------
-# one grading setup: a driver, a map, a set, a seed; then any number of submissions
-
-def fresh_seed() -> int:
-    return secrets.randbelow(10 ** 9)
-
+# one grading setup: a driver, a map, a set, a secret (or a seed); then any number of submissions
 
 def course_secret() -> str:
     """The instructor's secret: COURSE_SECRET, else one made once and kept in the cache."""
