@@ -255,10 +255,12 @@ def test_every_plant_costs_the_same_on_every_seed(grader):
 
 def main(n: int) -> None:
     """The note's table: each plant's own exercise over n seeds, officially (min, max, the
-    distinct values) and in a handout (set all, its seed 0)."""
+    distinct values) and in a handout (set all, its seed 0). The time limits are 10 times the
+    defaults: what is measured is the draw, not a busy machine."""
     from course.handout import write_handout
     mapping = grading.test_map(REFERENCE)
-    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, secret=SECRET)
+    slow = dict(time_s=10 * grading.LIMITS["time_s"], test_s=10 * grading.LIMITS["test_s"])
+    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, slow, secret=SECRET)
     try:
         table = spread(official, MISTAKES + CORRECT, range(n))
     finally:
@@ -266,7 +268,7 @@ def main(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_handout(os.path.join(tmp, "h"), "all", False, REFERENCE, mapping)
         saved = json.loads(grading.read(os.path.join(tmp, "h", grading.MAP_FILE)))
-        handout = grading.Grader(None, saved, list(EXERCISES), 0,
+        handout = grading.Grader(None, saved, list(EXERCISES), 0, slow,
                                  tests=grading.test_files(os.path.join(tmp, "h")))
         try:
             theirs = {what: handout.grade(source.apply_edits(REFERENCE, edits), f"{what}.py",
