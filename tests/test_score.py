@@ -31,6 +31,8 @@ PY = sys.executable
 SECRET = "test_score's course secret"
 GRPO = SETS["grpo"]
 REPEATS = int(os.environ.get("REPEATS", "3"))
+SLOW = dict(time_s=10 * grading.LIMITS["time_s"], test_s=10 * grading.LIMITS["test_s"])  # the
+# in-process grades measure the draw, not how busy the machine is
 ZERO = '''
 
 def _zero(*given):
@@ -62,7 +64,7 @@ def insert(text: str, statement: str, exercises, after_door: bool) -> str:
 @pytest.fixture(scope="module")
 def grader():
     mapping = grading.test_map(REFERENCE)
-    one = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, secret=SECRET)
+    one = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, SLOW, secret=SECRET)
     one.start()
     yield one
     one.close()
@@ -255,12 +257,10 @@ def test_every_plant_costs_the_same_on_every_seed(grader):
 
 def main(n: int) -> None:
     """The note's table: each plant's own exercise over n seeds, officially (min, max, the
-    distinct values) and in a handout (set all, its seed 0). The time limits are 10 times the
-    defaults: what is measured is the draw, not a busy machine."""
+    distinct values) and in a handout (set all, its seed 0)."""
     from course.handout import write_handout
     mapping = grading.test_map(REFERENCE)
-    slow = dict(time_s=10 * grading.LIMITS["time_s"], test_s=10 * grading.LIMITS["test_s"])
-    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, slow, secret=SECRET)
+    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, SLOW, secret=SECRET)
     try:
         table = spread(official, MISTAKES + CORRECT, range(n))
     finally:
@@ -268,7 +268,7 @@ def main(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_handout(os.path.join(tmp, "h"), "all", False, REFERENCE, mapping)
         saved = json.loads(grading.read(os.path.join(tmp, "h", grading.MAP_FILE)))
-        handout = grading.Grader(None, saved, list(EXERCISES), 0, slow,
+        handout = grading.Grader(None, saved, list(EXERCISES), 0, SLOW,
                                  tests=grading.test_files(os.path.join(tmp, "h")))
         try:
             theirs = {what: handout.grade(source.apply_edits(REFERENCE, edits), f"{what}.py",
