@@ -12,9 +12,9 @@
   python -m course notebook                               course/notebook.ipynb from its script
 
 The sheet is docs/course.md. The student's code computes and the grader judges: each exercise of
-a submission runs in a process of its own (course/child.py: its own folder, HOME, limits, and,
-when the grader is root, a chroot jail and an unprivileged user), which answers the tests' calls
-with values; the tests run in a process that never runs a student's code (course/judge.py).
+a submission runs in a process of its own (course/child.py), in the submission's own bubblewrap
+sandbox (course/grading.py), which answers the tests' calls with values; the tests run in a
+process that never runs a student's code (course/judge.py).
 Official grades (grade PATH in the repository, grade-all, the bundle) put the student's exercise
 k beside the reference's other exercises, with the reference's exercise k blank, and check on
 fresh inputs drawn from the file's own seed, a hash of the file and the course's secret
@@ -31,12 +31,13 @@ import os
 import random
 import sys
 import time
+from urllib.parse import quote
 
 from . import grading, report, written
 from .exercises import EXERCISES, SETS, names as exercise_names, points as exercise_points
 from .flags import scan
 from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, course_secret, find_student,
-                      flag_row, read, test_files, test_map, zero_rows)
+                      flag_row, read, shown, test_files, test_map, zero_rows)
 
 
 def setting(set_name=None, seed=None) -> dict:
@@ -70,23 +71,27 @@ def limits_of(args) -> dict:
 
 def cmd_grade(args) -> None:
     started = time.monotonic()
-    path, extras = find_student(args.path or os.path.join(ROOT, "tokencredit.py"))
+    path = args.path or os.path.join(ROOT, "tokencredit.py")
     where = setting(args.set, args.seed)
     if args.only and not set(args.only) <= set(where["exercises"]):
         raise SystemExit(f"course: exercises {args.only} asked for, this set has "
                          f"{where['exercises']}")
-    source = read(path)
-    form = written.form_of(args.path or path)  # read before the student's code runs
-    flags = scan(source, extras)
+    form = written.form_of(path)  # read before the student's code runs
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
                     dict(where["limits"], **limits_of(args)), secret=where.get("secret"))
-    seed = grader.seed_for(source)
+    seed = where["seed"]
     try:
-        rows = grader.grade(source, os.path.basename(path), args.only)
+        path, source, extras = find_student(path)
+        flags, seed = scan(source, extras), grader.seed_for(source)
+        rows = grader.grade(source, shown(os.path.basename(path)), args.only)
+    except ValueError as error:  # not a file to read: a FIFO, a link, a tree too deep, ...
+        flags, rows = [], zero_rows(args.only or where["exercises"], str(error))
     finally:
         grader.close()
     flag_row(rows, flags, args.strict)
-    print(f"grading {os.path.abspath(path)}, set {where['set']}, "
+    if where["reference"]:  # an official grade says what isolated the code; a handout's not
+        print(grader.sandbox_line())
+    print(f"grading {shown(os.path.abspath(path))}, set {where['set']}, "
           + ("each exercise beside the reference's others, on fresh inputs (seed "
              f"{seed}, this file's; --seed {seed} grades other files on the same inputs)"
              if where["reference"] else "the file whole, exercises in order"))
@@ -107,12 +112,28 @@ def cmd_grade(args) -> None:
 
 
 def students_of(folder: str) -> list:
-    out = []
-    for entry in sorted(os.listdir(folder)):
-        path = os.path.join(folder, entry)
-        if os.path.isdir(path) or entry.endswith(".py"):
-            out.append((entry[:-3] if entry.endswith(".py") else entry, path))
-    return out
+    """[(name, path, why not)], one per student, named by the bytes of STUDENT.py or STUDENT/:
+    a name with both (bob.py and bob/) is refused whole, as is a link (to a classmate's file?)."""
+    found = {}
+    for entry in sorted(os.listdir(os.fsencode(folder))):
+        path = os.path.join(folder, os.fsdecode(entry))
+        if os.path.islink(path) or os.path.isdir(path) or entry.endswith(b".py"):
+            found.setdefault(entry[:-3] if entry.endswith(b".py") else entry, []).append(path)
+    return [(name, paths[0], " and ".join(map(shown, paths)) + " both handed in: neither is "
+             "graded, say which counts" if paths[1:] else f"{shown(paths[0])} is a symbolic "
+             "link: not read" if os.path.islink(paths[0]) else None)
+            for name, paths in found.items()]
+
+
+def cell(value) -> str:
+    """A CSV cell that a spreadsheet shows as text: never a formula (=, +, -, @, tab, CR)."""
+    return "'" + str(value) if str(value)[:1] in ("=", "+", "-", "@", "\t", "\r") else str(value)
+
+
+def folder_of(out: str, name: bytes) -> str:
+    """OUT/NAME for a student's results.json: NAME percent-quoted (no /, no leading dot)."""
+    safe = quote(name, safe="") or "%"
+    return os.path.join(out, "%2E" + safe[1:] if safe[0] == "." else safe)
 
 
 def cmd_grade_all(args) -> None:
@@ -125,6 +146,14 @@ def cmd_grade_all(args) -> None:
     if where["reference"] is None:
         raise SystemExit("course: grade a class from the repository (or a bundle), not from a "
                          "handout")
+    grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
+                    limits_of(args), secret=where.get("secret"))
+    grader.start()  # the judges, their tests and the map: ready before any submission is read
+    if grader.driver.sandbox is None and not args.no_sandbox_ok:
+        grader.close()
+        raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install bubblewrap "
+                         "(and allow user namespaces), or pass --no-sandbox-ok to grade anyway "
+                         "(docs/instructors.md says what is then unprotected)")
     csv_file = args.csv or "grades.csv"
     if os.path.exists(csv_file):
         os.remove(csv_file)  # a stopped run leaves no old file that looks new
@@ -134,51 +163,52 @@ def cmd_grade_all(args) -> None:
         order.reverse()
     elif args.order == "random":
         random.shuffle(order)
-    grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
-                    limits_of(args), secret=where.get("secret"))
-    seeds = {}  # each student's
-    grader.start()  # the judges, their tests and the map: ready before any submission is read
-    graded = {}
+    graded, seeds = {}, {}  # seeds: each student's
     try:
-        for name, path in order:
-            form = written.form_of(path) if os.path.isdir(path) else (None, written.NO_FORM)
+        for name, path, why in order:
+            folder = os.path.isdir(path) and not os.path.islink(path)
+            form = written.form_of(path) if folder and not why else (None, written.NO_FORM)
             answers = written.grade(form, where["exercises"])  # before the student's code runs
             try:
-                student, extras = find_student(path)
-                source = read(student)
-            except (ValueError, OSError, UnicodeDecodeError) as error:
+                if why:
+                    raise ValueError(why)
+                student, source, extras = find_student(path)
+            except (ValueError, OSError) as error:
                 graded[name] = (zero_rows(where["exercises"], str(error)), [], answers)
                 continue
             flags, seeds[name] = scan(source, extras), grader.seed_for(source)
-            rows = grader.grade(source, os.path.basename(student))
+            rows = grader.grade(source, shown(os.path.basename(student)))
             flag_row(rows, flags, args.strict)
             graded[name] = (rows, flags, answers)
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
+    sandbox = "bubblewrap" if grader.driver.sandbox else "none"
     tmp = csv_file + ".tmp"
-    with open(tmp, "w", newline="") as f:
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["student", "set", "seed"] + [f"exercise {k}" for k in where["exercises"]]
                      + ["total", "max"] + written.csv_header(where["exercises"])
-                     + ["flags", "notes"])
-        for name, _ in students:
+                     + ["flags", "notes", "sandbox"])
+        for name, _, _ in students:
             rows, flags, answers = graded[name]
             said = "; ".join(f"exercise {r['k']}: {n}" for r in rows for n in report.notes(r))
-            out.writerow([name, where["set"], seeds.get(name, "")]
-                         + [f"{r['points']:.2f}" for r in rows]
-                         + [f"{sum(r['points'] for r in rows):.2f}",
-                            f"{sum(r['max'] for r in rows):g}"] + written.csv_cells(*answers)
-                         + ["; ".join(flags), said])
+            out.writerow([cell(x) for x in [shown(name), where["set"], seeds.get(name, "")]
+                          + [f"{r['points']:.2f}" for r in rows]
+                          + [f"{sum(r['points'] for r in rows):.2f}",
+                             f"{sum(r['max'] for r in rows):g}"] + written.csv_cells(*answers)
+                          + ["; ".join(flags), said, sandbox]])
             if args.gradescope_dir:
-                os.makedirs(os.path.join(args.gradescope_dir, name), exist_ok=True)
-                with open(os.path.join(args.gradescope_dir, name, "results.json"), "w") as g:
+                place = folder_of(args.gradescope_dir, name)
+                os.makedirs(place, exist_ok=True)
+                with open(os.path.join(place, "results.json"), "w") as g:
                     json.dump(report.gradescope(rows, flags, answers), g, indent=1)
     os.replace(tmp, csv_file)
     print(f"graded {len(students)} submissions (set {where['set']}, "
           + (f"seed {where['seed']}" if where["seed"] is not None else "each file's own seed")
           + ") in "
           f"{time.monotonic() - started:.1f} s: wrote {csv_file}"
-          + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else ""))
+          + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else "")
+          + f"\n{grader.sandbox_line()}")
 
 
 def cmd_list(args) -> None:
@@ -257,14 +287,14 @@ def main(argv=None) -> None:
     class_.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     class_.add_argument("--order", choices=("name", "reverse", "random"), default="name",
                         help="the order students are graded in (the CSV is always by name)")
+    class_.add_argument("--no-sandbox-ok", action="store_true", help="grade even where no "
+                        "sandbox can run (students can then reach each other: docs/instructors.md)")
     add_limits(class_)
     bundle = commands.add_parser("gradescope", help="write a Gradescope autograder bundle (.zip)")
     bundle.add_argument("out", help="the .zip to write")
     bundle.add_argument("--set", required=True, choices=SETS, help=sets)
     bundle.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
                         "own, from COURSE_SECRET)")
-    bundle.add_argument("--user", default="student", help="the unprivileged user setup.sh "
-                        "creates to run the students' code (default student)")
     add_limits(bundle)
     auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
     auto.add_argument("--root", default="/autograder")
@@ -293,7 +323,7 @@ def main(argv=None) -> None:
         cmd_grade_all(args)
     elif args.command == "gradescope":
         from .bundle import cmd_gradescope
-        cmd_gradescope(args.out, args.set, args.seed, args.user, limits_of(args))
+        cmd_gradescope(args.out, args.set, args.seed, limits_of(args))
     elif args.command == "autograde":
         from .bundle import cmd_autograde
         cmd_autograde(args.root)

@@ -3,9 +3,9 @@
 It carries the grader (course/ without the planted mistakes, the handout writer or selfcheck),
 the reference tokencredit.py (the other exercises of a submission run beside it), the tests, the
 map, and its configuration: the set, the secret that seeds each file's fresh inputs (or one seed
-for all), the students' user and the limits. setup.sh installs what grading imports (CPU torch,
-numpy, pytest), creates that user and makes the autograder's files readable by root alone; the
-students' code then runs as that user, in a chroot jail, one process per exercise.
+for all) and the limits. setup.sh installs bubblewrap and what grading imports (CPU torch, numpy,
+pytest); the students' code then runs in bubblewrap sandboxes (course/grading.py), one process
+per exercise. Where the image cannot run bubblewrap, results.json says so.
 """
 
 import json
@@ -14,7 +14,7 @@ import zipfile
 
 from .exercises import EXERCISES, SETS, points as exercise_points
 from .grading import (BUNDLE_FILE, HERE, HIDDEN, ROOT, TESTS, Grader, course_secret, map_key,
-                      read, sha, test_files, test_map, find_student)
+                      read, sha, shown, test_files, test_map, find_student)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
            "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
@@ -24,15 +24,13 @@ SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, in /autograder/source, when it builds the autograder's image.
 set -euo pipefail
 cd "$(dirname "$0")"
+apt-get update && apt-get install -y bubblewrap  # the sandbox each submission runs in
 if ! command -v python3 > /dev/null || ! python3 -m pip --version > /dev/null 2>&1; then
-    apt-get update && apt-get install -y python3 python3-pip
+    apt-get install -y python3 python3-pip
 fi
 export PIP_BREAK_SYSTEM_PACKAGES=1  # newer images: pip may install beside the system's python
 python3 -m pip install --index-url https://download.pytorch.org/whl/cpu "{torch}"
 python3 -m pip install -r requirements.txt
-# the students' code runs as this user, which can read none of the autograder's files
-id -u {user} > /dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin {user}
-chmod -R go-rwx "$(pwd)"
 """
 RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for each submission: the grade goes to /autograder/results/results.json.
@@ -58,7 +56,7 @@ def strip_selfcheck(source: str, names=("MISTAKES", "CORRECT", "ENDLESS")) -> st
     return "".join(lines)
 
 
-def cmd_gradescope(out: str, set_name: str, seed, user: str, limits: dict) -> None:
+def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
     if os.path.exists(os.path.join(ROOT, "course_map.json")):
         raise SystemExit("course: make the bundle from the repository, not from a handout")
     reference = read(os.path.join(ROOT, "tokencredit.py"))
@@ -77,9 +75,9 @@ def cmd_gradescope(out: str, set_name: str, seed, user: str, limits: dict) -> No
         z.write(os.path.join(ROOT, HIDDEN), HIDDEN)
         z.writestr(f".course-cache/map-{key[:16]}.json", json.dumps(body))
         z.writestr(BUNDLE_FILE, json.dumps(dict(set=set_name, seed=seed, secret=secret,
-                                                user=user, limits=limits)))
+                                                limits=limits)))
         z.writestr("requirements.txt", REQUIREMENTS)
-        for name, text in (("setup.sh", SETUP_SH.format(torch=TORCH, user=user)),
+        for name, text in (("setup.sh", SETUP_SH.format(torch=TORCH)),
                            ("run_autograder", RUN_AUTOGRADER)):
             info = zipfile.ZipInfo(name)
             info.external_attr = 0o755 << 16
@@ -104,9 +102,8 @@ def cmd_autograde(root: str) -> None:
     flags = []
     answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
     try:
-        student, extras = find_student(os.path.join(root, "submission"))
-        source = read(student)
-    except (ValueError, OSError, UnicodeDecodeError) as error:
+        student, source, extras = find_student(os.path.join(root, "submission"))
+    except (ValueError, OSError) as error:
         out = dict(score=0.0, output=f"No grade: {error}. Submit your tokencredit.py.",
                    tests=[dict(name=f"exercise {k}: {EXERCISES[k][0]}", score=0.0,
                                max_score=exercise_points(k), output=str(error))
@@ -115,13 +112,16 @@ def cmd_autograde(root: str) -> None:
     else:
         flags = scan(source, extras)
         grader = Grader(reference, test_map(reference), exercises, config.get("seed"),
-                        config.get("limits"), user="name:" + config.get("user", "student"),
-                        secret=config.get("secret"))
+                        config.get("limits"), secret=config.get("secret"))
         try:
-            rows = grader.grade(source, os.path.basename(student))
+            rows = grader.grade(source, shown(os.path.basename(student)))
         finally:
-            grader.close()  # every process of the students' user is gone before results
+            grader.close()  # its sandboxes, and all in them, go with the judges
         out = report.gradescope(rows, flags, answers)
+        line = grader.sandbox_line()
+        if line.startswith("NO SANDBOX"):  # on an image that cannot run bwrap: say so
+            out["output"] = "\n".join(filter(None, [line, out.get("output")]))
+        print(line)
         print(report.format_rows(rows, True))  # run_autograder's stdout: for the instructor
         print("\n".join(written.lines(*answers, instructor=True)))
     with open(results, "w") as f:

@@ -1,17 +1,16 @@
 """The student's side: a warm parent (the zygote) that has loaded torch and nothing else, and the
-children it forks, one per submission and exercise, that run the student's code.
+children it forks, one per exercise, that run the student's code.
 
-    python child.py FD      the zygote; FD is its control socket to the judge
+    python child.py FD WORK     the zygote; FD is its control socket to the judge, WORK the folder
+                                its children write in (in a sandbox: /tmp, a size-limited tmpfs)
 
-The zygote never sees a submission, a reference or a test. For each fork request it receives a
-socket (the child's line to the judge) and the child's limits; the child then, in this order:
-starts its own session, takes the instructor's limits (memory, file size, processes, CPU time),
-closes every other file, moves into its empty folder (a chroot jail with the judge as root),
-drops to the unprivileged user (when the judge is root), and only then reads the student's file
-and runs it. It answers the judge's calls with values (course/protocol.py), never with code.
+The judge starts each zygote in a bubblewrap sandbox of its own (course/grading.py says how). For
+each fork request it receives a socket (the child's line to the judge) and the child's limits;
+the child takes the limits, closes every other file, moves into a new empty folder, and only
+then reads the student's file and runs it. It answers with values (course/protocol.py), never
+with code. Pids here are the sandbox's: the judge asks the zygote to kill a child.
 """
 
-import ctypes
 import json
 import linecache
 import os
@@ -20,6 +19,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import traceback
 import types
 
@@ -33,13 +33,12 @@ import torch
 PRELOADED = ("math", "typing", "functools", "itertools", "collections", "dataclasses",
              "operator", "numbers", "warnings", "contextlib", "enum", "abc", "__future__",
              "numpy")
-PR_SET_DUMPABLE = 4
 MESSAGE_LIMIT = 1 << 30  # what the child accepts from the judge
 
 
 def warm() -> None:
     """Everything a student's module may import, and torch's lazy parts the tests reach, loaded
-    before the fork: a jailed child can read no file."""
+    before the fork: a sandboxed child sees no site-packages but the read-only ones."""
     for name in PRELOADED:
         try:
             __import__(name)
@@ -54,7 +53,7 @@ def warm() -> None:
     torch.testing.assert_close(x, x)
 
 
-def zygote(fd: int) -> None:
+def zygote(fd: int, work: str) -> None:
     control = socket.socket(fileno=fd)
     warm()
     children = set()
@@ -71,11 +70,19 @@ def zygote(fd: int) -> None:
         if not message:
             os._exit(0)
         spec = json.loads(message)
+        if "kill" in spec:  # the judge is done with this child
+            for f in fds:
+                os.close(f)
+            try:
+                os.killpg(spec["kill"], signal.SIGKILL)  # the child leads its own group
+            except (OSError, TypeError):
+                pass
+            continue
         pid = os.fork()
         if pid == 0:
             try:
                 control.close()
-                child(spec, fds[0])
+                child(spec, fds[0], work)
             finally:
                 os._exit(70)
         for f in fds:
@@ -92,8 +99,8 @@ def vm_size() -> int:
     return 0
 
 
-def child(spec: dict, fd: int) -> None:
-    """Limits, jail, user, then serve the judge on fd."""
+def child(spec: dict, fd: int, work: str) -> None:
+    """Limits, an empty folder, then serve the judge on fd."""
     os.setsid()
     limits = spec["limits"]
     memory = vm_size() + int(limits["memory_mb"]) * 2 ** 20
@@ -110,26 +117,12 @@ def child(spec: dict, fd: int) -> None:
     for number in (signal.SIGXFSZ, signal.SIGXCPU, signal.SIGPIPE, signal.SIGTERM,
                    signal.SIGINT, signal.SIGALRM):
         signal.signal(number, signal.SIG_DFL)
-    if spec.get("jail"):
-        os.chroot(spec["jail"])
-        work = "/work"
-    else:
-        work = spec["work"]
+    work = tempfile.mkdtemp(dir=work)
     os.chdir(work)
-    if spec.get("uid") is not None:
-        os.setgroups([])
-        os.setgid(spec["gid"])
-        os.setuid(spec["uid"])
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
     out = os.open("output.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
-    os.environ.clear()
-    os.environ.update(HOME=work, TMPDIR=work, PATH="/usr/bin:/bin", LANG="C.UTF-8")
     sys.argv = ["tokencredit"]
     sys.path[:] = [p for p in sys.path if "site-packages" in p or "dist-packages" in p
                    or p.startswith(sys.base_prefix)]
@@ -282,4 +275,4 @@ class Child:
 
 
 if __name__ == "__main__":
-    zygote(int(sys.argv[1]))
+    zygote(int(sys.argv[1]), sys.argv[2])

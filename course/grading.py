@@ -1,14 +1,21 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
-The driver (this process) is a child subreaper: every process a submission starts, detached or
-not, stays its descendant. It starts the judge workers (course/judge.py) before any submission
-is read, hands each its copy of the tests (checked by hash), then grades one submission at a
-time: exercise k of a submission is one job, a child process of its own with the instructor's
-limits. After each submission, and before anything is written, it kills every process that is
-not a judge or a judge's zygote.
+The driver (this process) starts the judge workers (course/judge.py) before any submission is
+read, hands each its copy of the tests (checked by hash), then grades one submission at a time:
+exercise k of a submission is one job, a child process of its own with the instructor's limits.
+
+Isolation is bubblewrap's (`sandbox_argv`). Each judge worker keeps its zygote (course/child.py)
+in a sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited
+tmpfs as its only writable folder, read-only views of /usr, the Python and the child's two files,
+nothing else (no class folder, no tests, no reference, only its own /proc). When a batch of jobs
+(one submission, or the reference's check) is done the driver says "end", and each worker that
+used its sandbox kills it whole (its PID 1, so every process in it) and starts a fresh one. As
+root each sandbox also runs under a uid of its own (SANDBOX_UID + n) where that uid can read the
+Python. Without bwrap the report and the CSV say "no sandbox" and grade-all refuses unless
+--no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py): each
+message whole by its test's deadline, its header parsed only under 2 MB, its text escaped here.
 """
 
-import ctypes
 import hashlib
 import json
 import os
@@ -16,8 +23,8 @@ import re
 import secrets
 import select
 import shutil
-import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -32,7 +39,7 @@ TESTS = "test_tokencredit.py"
 HIDDEN = os.path.join("tests", "test_hidden.py")
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
 SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
-BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, seed, user, limits
+BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret (or seed), limits
 CACHE = os.path.join(ROOT, ".course-cache")
 MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
@@ -40,18 +47,21 @@ LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the
     test_s=10.0,  # wall time for one test
     memory_mb=2048,  # memory the student's process may add to what torch takes
     file_mb=16,  # the largest file it may write (its printed output goes to one)
-    processes=64,  # processes of the student's user (enforced when it is not root)
+    processes=64,  # processes of the student's user (RLIMIT_NPROC)
     cpu_s=240,  # CPU time of the student's process
+    disk_mb=64,  # all it writes, together (its sandbox's tmpfs)
 )
 LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
                "test time": "the time limit ({test_s:g} s per test)",
                "memory": "the memory limit ({memory_mb} MB)",
                "file size": "the file size limit ({file_mb} MB)",
                "cpu time": "the CPU time limit ({cpu_s} s)",
-               "output size": "the output size limit (256 MB per answer)",
+               "output size": "the output size limit (2 MB of header, 256 MB per answer)",
                "malformed": "the grader's protocol (it answered malformed data)",
                "died": "no limit: its process died"}
-PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
+SANDBOX_UID = 1_500_000_000  # as root, worker w's n-th sandbox runs as uid + 100000 w + n
+NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
+              "user and can read, signal and write what it can")
 SAME_NOTE = "the published reference's code, statement for statement (not run): the student's own?"
 
 
@@ -64,63 +74,58 @@ def sha(*parts) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def prctl(option: int, value: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+def sandbox_argv(code_dir: str, disk_mb: int) -> list:
+    """bwrap's command line: new namespaces (user, PID, mount, network, IPC, UTS, cgroup), killed
+    with its parent, no new user namespace inside; read-only /usr, this Python and code_dir (as
+    /course); a tmpfs of disk_mb at /tmp, the only place it can write; its own /proc and /dev."""
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr",
+            "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
+    for name in ("/bin", "/sbin", "/lib", "/lib64"):
+        argv += ["--symlink", os.readlink(name), name] if os.path.islink(name) else [
+            "--ro-bind-try", name, name]
+    pythons = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(
+        sys.executable)))] + [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    for path in sorted({q for p in pythons if os.path.isdir(p) for q in (p, os.path.realpath(p))
+                        if not q.startswith("/usr/")}):
+        argv += ["--ro-bind", path, path]
+    return argv + ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
+                   "--chdir", "/tmp"]
 
 
-def descendants(root: int) -> dict:
-    """{pid: (ppid, state)} of every live process below root, from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
+def find_sandbox():
+    """{"uid": the first sandbox's uid, or None to keep the grader's} if bwrap runs this Python
+    here (as root, under a uid of its own where that uid can read the Python); else None."""
+    with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
+        os.chmod(code, 0o755)
+        for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
+                subprocess.run(sandbox_argv(code, 1) + [sys.executable, "-E", "-s", "-c", "pass"],
+                               user=uid, group=uid, extra_groups=[] if uid else None, check=True,
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+                return dict(uid=uid)
+            except (OSError, subprocess.SubprocessError):
                 continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            table[int(entry)] = (int(fields[1]), fields[0])
-    children = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out[pid] = table[pid]
-        todo += children.get(pid, [])
-    return out
+    return None
 
 
-def student_user(preferred=None):
-    """(uid, gid) the students' code runs as when the grader is root: COURSE_USER, else the
-    bundle's user, else nobody. None when the grader is not root."""
-    if os.geteuid() != 0:
-        return None
-    import pwd
-    for name in (os.environ.get("COURSE_USER"), preferred, "nobody"):
-        if name:
-            try:
-                entry = pwd.getpwnam(name)
-                return entry.pw_uid, entry.pw_gid
-            except KeyError:
-                continue
-    return 65534, 65534
+def clean(x):
+    """A worker's message with every string safe to print (a student's lone surrogate)."""
+    return (x.encode("utf-8", "backslashreplace").decode() if isinstance(x, str) else
+            [clean(v) for v in x] if isinstance(x, list) else
+            {clean(k): clean(v) for k, v in x.items()} if isinstance(x, dict) else x)
 
 
 class Driver:
     """The judge workers and the one-submission-at-a-time loop."""
 
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
-                 workers=None, user="auto"):
+                 workers=None):
         self.limits = dict(LIMITS, **(limits or {}))
         self.seed, self.workers, self.pool = seed, workers or min(2, os.cpu_count() or 1), []
-        self.user = student_user() if user == "auto" else \
-            student_user(user[5:]) if isinstance(user, str) and user.startswith("name:") else user
+        self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
-        os.chmod(self.private, 0o711 if self.user else 0o700)
+        os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
         tests_dir = os.path.join(self.private, "tests")
         os.makedirs(tests_dir, mode=0o700)
         self.hashes = {}
@@ -130,10 +135,8 @@ class Driver:
                 self.hashes[name] = hashlib.sha256(f.read()).hexdigest()
         self.config = dict(private=self.private, tests_dir=tests_dir, hashes=self.hashes,
                            files=[n for n in tests if n.endswith(".py")], seed=seed,
-                           constants=consts, functions=list(function_names), limits=self.limits,
-                           user=self.user, jail=self.user is not None)
-        self.subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1)
-        self.tests = None
+                           constants=consts, functions=list(function_names), limits=self.limits)
+        self.tests, self.started = None, 0
         for _ in range(self.workers):
             self.pool.append(self.start_worker())
         for worker in self.pool:
@@ -150,7 +153,10 @@ class Driver:
                                    pass_fds=[theirs.fileno()], cwd=self.private, env=env,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         theirs.close()
-        ours.sendall(json.dumps(self.config).encode() + b"\n")
+        box = self.sandbox and dict(uid=self.sandbox["uid"] and self.sandbox["uid"]
+                                    + 100000 * (self.started % 1000))
+        self.started += 1
+        ours.sendall(json.dumps(dict(self.config, sandbox=box)).encode() + b"\n")
         return dict(process=process, channel=ours, buffer=b"", job=None, log=log, ready=False)
 
     def wait_ready(self, worker) -> None:
@@ -162,9 +168,10 @@ class Driver:
         worker["ready"], self.tests = True, message["tests"]
 
     def next_message(self, worker, deadline):
+        """The worker's next line as a dict, or None by the deadline (or if it is not one)."""
         while b"\n" not in worker["buffer"]:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or len(worker["buffer"]) > 1 << 28:
                 return None
             ready, _, _ = select.select([worker["channel"]], [], [], remaining)
             if not ready:
@@ -174,7 +181,11 @@ class Driver:
                 return None
             worker["buffer"] += data
         line, worker["buffer"] = worker["buffer"].split(b"\n", 1)
-        return json.loads(line)
+        try:
+            message = clean(json.loads(line))
+        except (ValueError, RecursionError):
+            return None
+        return message if isinstance(message, dict) else None
 
     def kill_worker(self, worker) -> None:
         try:
@@ -209,8 +220,9 @@ class Driver:
                         if not gone:
                             continue
                 if message is not None:
-                    results[message["id"]] = message
-                    worker["job"] = None
+                    if message.get("id") == worker["job"]["id"]:  # any other line is no answer
+                        results[message["id"]] = message
+                        worker["job"] = None
                 elif worker["process"].poll() is not None or time.monotonic() > worker["deadline"]:
                     job = worker["job"]
                     results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
@@ -219,57 +231,19 @@ class Driver:
                     self.kill_worker(worker)
                     self.pool[self.pool.index(worker)] = fresh = self.start_worker()
                     self.wait_ready(fresh)
-        return [results[n] for n in range(len(jobs))]
-
-    def sweep(self) -> int:
-        """Kill every process below this one that is not a judge or a judge's zygote: all that
-        a submission started, detached children included. Returns how many were killed."""
-        judges = {w["process"].pid for w in self.pool}
-        killed = 0
-        for _ in range(100):
-            found = descendants(os.getpid())
-            keep = judges | {p for p, (ppid, _) in found.items() if ppid in judges}
-            targets = [p for p, (_, state) in found.items() if p not in keep and state != "Z"]
-            for pid in targets:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
-            while True:  # reap the orphans that came to this process
-                try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-            if not targets:
-                return killed
-            time.sleep(0.01)
-        return killed
-
-    def kill_user(self) -> None:
-        """Every process of the students' user, wherever it is (a dedicated user only)."""
-        if not self.user or self.user[0] in (0, 65534):
-            return
-        pid = os.fork()
-        if pid == 0:
+        for worker in self.pool:  # the batch is done: its sandboxes go, fresh ones come
             try:
-                os.setgid(self.user[1])
-                os.setuid(self.user[0])
-                os.kill(-1, signal.SIGKILL)
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
+                worker["channel"].sendall(b'{"end": true}\n')
+            except OSError:
+                pass
+        return [results[n] for n in range(len(jobs))]
 
     def close(self) -> None:
         """The judges hold nothing left to say: killed, not asked (a Python with torch takes
-        a second to exit); the sweep then takes their zygotes, orphaned to this process."""
+        a second to exit); their sandboxes die with them (--die-with-parent)."""
         for worker in self.pool:
             self.kill_worker(worker)
             worker["log"].close()
-        self.sweep()
-        self.kill_user()
         shutil.rmtree(self.private, ignore_errors=True)
 
 
@@ -515,11 +489,11 @@ class Grader:
     the reference's exercise k blank in the child's copy)."""
 
     def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None,
-                 workers=None, user="auto", secret=None):
+                 workers=None, secret=None):
         self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
         self.in_order, self.seed, self.secret = reference is None, seed, secret
         self.limits = dict(LIMITS, **(limits or {}))
-        self.tests, self.workers, self.user = tests or test_files(), workers, user
+        self.tests, self.workers = tests or test_files(), workers
         self.driver = None
         self.plan = scheme(mapping, self.exercises, self.in_order)
         self.reference_fails = {}  # (seed, fresh test): whether the reference fails it
@@ -530,7 +504,7 @@ class Grader:
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
-                                 workers or self.workers, self.user)
+                                 workers or self.workers)
 
     def tests_of(self, k) -> list:
         return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
@@ -579,8 +553,8 @@ class Grader:
         return out
 
     def grade(self, source: str, label="tokencredit.py", only=None) -> list:
-        """One row per exercise (of `only`, else of the set). Every process the submission
-        started is gone before this returns."""
+        """One row per exercise (of `only`, else of the set), each graded in the submission's own
+        sandboxes."""
         exercises = [k for k in self.exercises if not only or k in only]
         try:
             compile(source, label, "exec", dont_inherit=True)
@@ -593,10 +567,7 @@ class Grader:
         ran = []
         if jobs:
             self.start(min(self.workers or 2, len(jobs)))
-            try:
-                ran = self.driver.run(jobs)
-            finally:
-                self.driver.sweep()
+            ran = self.driver.run(jobs)
         results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
                    else ran.pop(0) for k in exercises]
         for k, result in zip(exercises, results):
@@ -631,13 +602,20 @@ class Grader:
         check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
                                        reference=None, names=list(EXERCISE_OF), tests=failed,
                                        limit=self.limits["time_s"] * 4, seed=seed)])
-        self.driver.sweep()
         for t in failed:
             self.reference_fails[(seed, t)] = bool(check["results"].get(t, "did not run"))
         bad = [t for t in failed if self.reference_fails[(seed, t)]]
         if bad:
             print(f"course: seed {seed}: the reference fails {bad}; they count for no one",
                   file=sys.stderr)
+
+    def sandbox_line(self) -> str:
+        """What isolated the students' code, for the report."""
+        box = self.driver.sandbox if self.driver else find_sandbox()
+        if box is None:
+            return "NO SANDBOX: " + NO_SANDBOX
+        return ("sandbox: bubblewrap, each submission alone (its own PID, mount, network and user "
+                "namespaces" + (", its own uid" if box["uid"] else "") + ")")
 
     def close(self) -> None:
         if self.driver is not None:
@@ -650,17 +628,63 @@ def zero_rows(exercises, why: str) -> list:
             for k in exercises]
 
 
+SOURCE_LIMIT = 2 ** 20  # bytes of a submission's tokencredit.py read at most
+WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, at most
+
+
+def shown(name) -> str:
+    """A file name (str or bytes) as text that prints anywhere and names one file only: as is
+    when printable, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
+    text = os.fsdecode(name)
+    return text if text.isprintable() and "\\" not in text else ascii(text)[1:-1]
+
+
+def walk(folder: str) -> list:
+    """Every entry below folder (os.DirEntry), shallowest first, no link followed; ValueError
+    past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into)."""
+    (levels, most), out, todo = WALK_LIMIT, [], [(folder, 1)]
+    for here, depth in todo:  # breadth first: todo grows as it is read
+        with os.scandir(here) as entries:
+            found = sorted(entries, key=lambda e: e.name)
+        out += found
+        todo += [(e.path, depth + 1) for e in found if e.is_dir(follow_symlinks=False)]
+        if len(out) > most or todo[-1][1] > levels:
+            raise ValueError(f"{shown(folder)} is more than {levels} folders deep or holds more "
+                             f"than {most} entries: not read")
+    return out
+
+
+def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
+    """A student's file as text: a regular file (never through a link, never a FIFO or a
+    device), at most `limit` bytes of UTF-8. ValueError says why not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise ValueError(f"{shown(path)} is not read: "
+                         + ("a symbolic link" if os.path.islink(path) else error.strerror))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{shown(path)} is not a regular file (a FIFO, a device, a "
+                             "folder): not read")
+        data = f.read(limit + 1)
+    try:
+        if len(data) > limit:
+            raise ValueError(f"over {limit} bytes")
+        return data.decode("utf-8")
+    except ValueError as error:  # UnicodeDecodeError too
+        raise ValueError(f"{shown(path)} is not read: {error}") from None
+
+
 def find_student(path: str) -> tuple:
-    """(the submission's tokencredit.py, the other files beside it): a file, or a folder holding
-    one (the shallowest). Nothing in the folder chooses how it is graded."""
-    if not os.path.isdir(path):
-        return path, []
-    found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
-                   for name in names if name == "tokencredit.py")
+    """(the submission's tokencredit.py, its text, the other files beside it): a file, or a
+    folder holding one (the shallowest). Nothing in the folder chooses how it is graded."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return path, read_submission(path), []
+    entries = walk(path)
+    found = [e.path for e in entries if e.name == "tokencredit.py"]
     if not found:
-        raise ValueError(f"{path} holds no tokencredit.py")
+        raise ValueError(f"{shown(path)} holds no tokencredit.py")
     chosen = min(found, key=lambda p: (p.count(os.sep), p))
-    others = sorted(os.path.relpath(os.path.join(root, name), path)
-                    for root, _, names in os.walk(path) for name in names
-                    if os.path.join(root, name) != chosen)
-    return chosen, others
+    others = [shown(os.path.relpath(e.path, path)) for e in entries
+              if e.path != chosen and not e.is_dir(follow_symlinks=False)]
+    return chosen, read_submission(chosen), others

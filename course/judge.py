@@ -50,23 +50,23 @@ class Session:
 
     def __init__(self, zygote, spec: dict, limit_s: float):
         self.zygote, self.calls, self.dead, self.limit = zygote, 0, None, None
-        self.deadline = time.monotonic() + limit_s
-        self.test_deadline = self.deadline
         self.returned = {}  # id: weakref of each tensor that came from the child ("got")
         self.where, self.called = [], set()
         self.sees_writes = False  # else the judge's tensors stay as sent, whatever the child does
         self.sock, self.pid = zygote.fork(spec)
+        self.deadline = time.monotonic() + limit_s  # from the fork: a sandbox's start is ours
+        self.test_deadline = self.deadline
 
     # -- the line to the child
 
     def receive(self) -> tuple:
-        remaining = min(self.deadline, self.test_deadline) - time.monotonic()
-        if remaining <= 0:
+        """The child's next message, whole by the deadline (not only each read by it)."""
+        deadline = min(self.deadline, self.test_deadline)
+        if deadline <= time.monotonic():
             self.stop("time" if time.monotonic() >= self.deadline else "test time",
                       "it ran past the time limit")
-        self.sock.settimeout(remaining)
         try:
-            header, blobs = protocol.receive(self.sock, REPLY_LIMIT)
+            header, blobs = protocol.receive(self.sock, REPLY_LIMIT, deadline)
         except socket.timeout:
             which = "time" if time.monotonic() >= self.deadline else "test time"
             self.stop(which, "it ran past the time limit")
@@ -94,12 +94,7 @@ class Session:
         raise GraderLimit(f"the student's process stopped: {self.dead}")
 
     def kill(self) -> None:
-        for target in (lambda: os.killpg(self.pid, signal.SIGKILL),
-                       lambda: os.kill(self.pid, signal.SIGKILL)):
-            try:
-                target()
-            except OSError:
-                pass
+        self.zygote.kill(self.pid)
         try:
             self.sock.close()
         except OSError:
@@ -206,7 +201,7 @@ class Session:
 
     def exception(self, header: dict) -> Exception:
         kind = ALLOWED.get(header.get("type"), None)
-        message = str(header.get("message", ""))
+        message = str(header.get("message", ""))  # escaped by the driver, as all it gets
         self.where = [w for w in header.get("where", []) if isinstance(w, list) and len(w) == 4]
         error = kind(message) if kind else StudentError(f"{header.get('type')}: {message}")
         error.student_where = self.where
@@ -263,60 +258,87 @@ def proxy(constants: dict, functions) -> types.ModuleType:
 # the zygote: a warm parent with torch loaded, started before any submission
 
 class Zygote:
-    def __init__(self, private: str):
+    """The warm parent of one submission's children, in a sandbox of its own when there is one
+    (config["sandbox"]); start() again for the next submission."""
+
+    def __init__(self, private: str, sandbox=None, limits=None):
         here = os.path.dirname(os.path.abspath(__file__))
         self.dir = tempfile.mkdtemp(prefix="zygote-", dir=private)
+        os.chmod(self.dir, 0o755)
         for name in ("child.py", "protocol.py"):  # its own copy: no path back to this folder
             shutil.copy(os.path.join(here, name), self.dir)
+        self.sandbox, self.limits, self.started, self.process = sandbox, limits, 0, None
         self.start()
 
     def start(self) -> None:
+        """A fresh zygote (and sandbox): the last one, and all it left, are killed first."""
         import subprocess
-        ours, theirs = socket.socketpair()
-        env = dict(PATH=os.environ.get("PATH", "/usr/bin:/bin"), OMP_NUM_THREADS="1",
-                   MKL_NUM_THREADS="1", LANG="C.UTF-8", HOME=self.dir)
+        from .grading import sandbox_argv
+        if self.process is not None:
+            self.close(keep_dir=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
+        box = [] if self.sandbox is None else sandbox_argv(self.dir, self.limits["disk_mb"])
+        code, work = ("/course", "/tmp") if box else (self.dir, self.dir)
+        env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   LANG="C.UTF-8", HOME=work)  # all it gets
+        argv = box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
+                      str(theirs.fileno()), work]
+        uid = box and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 100000
+        self.started += 1
         self.process = subprocess.Popen(
-            [sys.executable, "-E", "-s", os.path.join(self.dir, "child.py"), str(theirs.fileno())], pass_fds=[theirs.fileno()], cwd=self.dir, env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            argv, pass_fds=[theirs.fileno()], cwd=self.dir, env=env, user=uid or None,
+            group=uid or None, extra_groups=[] if uid else None, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
-        self.control, self.buffer, self.exits = ours, b"", {}
+        self.control, self.buffer, self.exits, self.used = ours, b"", {}, False
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def lines(self, timeout: float):
+        """The zygote's messages: it runs beside the student's code, so nothing it says is
+        trusted beyond its own submission, nor may it say much."""
         self.control.settimeout(timeout)
         try:
             data = self.control.recv(1 << 16)
         except socket.timeout:
             return []
-        if not data:
+        if not data or len(self.buffer) > 1 << 20:
             raise EOFError("the zygote is gone")
         self.buffer += data
         *done, self.buffer = self.buffer.split(b"\n")
         out = []
         for line in done:
-            message = json.loads(line)
-            if "exit" in message:
-                self.exits[message["exit"]] = message["status"]
-            else:
-                out.append(message)
+            try:
+                message = json.loads(line)
+                if "exit" in message:
+                    self.exits[int(message["exit"])] = int(message["status"])
+                elif isinstance(message.get("pid"), int):
+                    out.append(message)
+            except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
+                continue
         return out
 
     def fork(self, spec: dict):
         ours, theirs = socket.socketpair()
         try:
             socket.send_fds(self.control, [json.dumps(spec).encode()], [theirs.fileno()])
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60  # a new sandbox first loads torch
             while time.monotonic() < deadline:
                 for message in self.lines(1.0):
-                    if "pid" in message:
-                        return ours, message["pid"]
+                    return ours, message["pid"]
         except (OSError, EOFError):
             pass
         finally:
             theirs.close()
         raise RuntimeError("the zygote did not fork a child")
+
+    def kill(self, pid: int) -> None:
+        """Child `pid` (a pid in the zygote's sandbox) and its process group, by its zygote."""
+        try:
+            self.control.sendall(json.dumps(dict(kill=pid)).encode())
+        except OSError:
+            pass
 
     def why(self, pid: int) -> tuple:
         """(limit, why) for a child that closed its line: from its exit status."""
@@ -337,14 +359,16 @@ class Zygote:
             return named.get(number, ("died", f"it died of signal {signal.Signals(number).name}"))
         return "died", f"it exited (status {os.WEXITSTATUS(status)}) in the middle of a test"
 
-    def close(self) -> None:
+    def close(self, keep_dir=False) -> None:
+        """Killing bwrap kills its sandbox whole (--die-with-parent, its own PID namespace)."""
         try:
             self.control.close()
             self.process.kill()
             self.process.wait()
         except OSError:
             pass
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # -----------------------------------------------------------------------------
@@ -378,7 +402,7 @@ class Worker:
         self.module = proxy(config["constants"], config["functions"])
         self.session, self.diff, self.snapshots, self.counts = None, [], {}, {}
         self.current = None
-        self.zygote = Zygote(config["private"])
+        self.zygote = Zygote(config["private"], config.get("sandbox"), config["limits"])
         self.patch_comparisons()
 
     def patch_comparisons(self) -> None:
@@ -415,11 +439,15 @@ class Worker:
         for job in read_lines(self.channel):
             if job.get("quit"):
                 break
+            if job.get("end"):  # the submission is done: its sandbox and all in it go
+                if self.zygote.used:
+                    self.zygote.start()
+                continue
             # each job in a fork of this process, so that what a test leaves in its module (a
             # sampler's consumed iterator) is gone with it: every job sees the tests as collected
             if not self.zygote.alive():  # a student's process may have killed it
-                self.zygote.process.wait()
                 self.zygote.start()
+            self.zygote.used = True
             pid = os.fork()
             if pid == 0:
                 code = 1
@@ -440,29 +468,15 @@ class Worker:
         self.zygote.close()
         return True
 
-    def spec(self, job) -> dict:
-        base = tempfile.mkdtemp(prefix="jail-", dir=self.config["private"])
-        work = os.path.join(base, "work")
-        os.makedirs(work)
-        user = self.config.get("user")
-        if user:
-            os.chmod(base, 0o755)
-            os.chown(work, user[0], user[1])
-        os.chmod(work, 0o700)
-        self.jails.append(base)
-        return dict(jail=base if self.config.get("jail") else None, work=work,
-                    uid=user[0] if user else None, gid=user[1] if user else None,
-                    limits=self.config["limits"])
-
     def run_job(self, job: dict, runner) -> dict:
         os.environ["TOKENCREDIT_SEED"] = str(job.get("seed", self.config["seed"]))  # this fork's
-        self.jails, results, error = [], {}, None
+        results, error = {}, None
         limits = self.config["limits"]
         test_limit = float(job.get("test_limit", limits["test_s"]))
         session = None
         self.called = {}
         try:
-            session = Session(self.zygote, self.spec(job), float(job["limit"]))
+            session = Session(self.zygote, dict(limits=limits), float(job["limit"]))
             self.module._session = self.session = session
             session.load(job)
         except GraderLimit as stopped:
@@ -497,8 +511,6 @@ class Worker:
         if session is not None:
             session.kill()
         self.module._session = self.session = None
-        for base in self.jails:
-            shutil.rmtree(base, ignore_errors=True)
         return dict(id=job["id"], results=results, error=error,
                     limit=session.limit if session else None,
                     stopped=session.dead if session else None,

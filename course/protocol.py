@@ -10,6 +10,7 @@ import json
 import math
 import socket
 import struct
+import time
 
 import torch
 
@@ -26,6 +27,9 @@ class TooLarge(Exception):
     """A message past the output size limit."""
 
 
+HEADER_LIMIT = 2 ** 21  # bytes of JSON one header may take, checked before it is parsed
+
+
 def send(sock: socket.socket, header: dict, blobs=()) -> None:
     sizes = [len(b) for b in blobs]
     head_all = json.dumps(dict(h=header, sizes=sizes), allow_nan=False).encode()
@@ -34,10 +38,15 @@ def send(sock: socket.socket, header: dict, blobs=()) -> None:
         sock.sendall(blob)
 
 
-def _exactly(sock, n: int) -> bytes:
+def _exactly(sock, n: int, deadline=None) -> bytes:
     out = bytearray(n)
     view, got = memoryview(out), 0
     while got < n:
+        if deadline is not None:  # the whole message by the deadline, not each read
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the message did not come whole in time")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:], n - got)
         if not k:
             raise EOFError("the other side closed the connection")
@@ -45,21 +54,23 @@ def _exactly(sock, n: int) -> bytes:
     return bytes(out)
 
 
-def receive(sock: socket.socket, limit: int) -> tuple:
-    """(header, blobs); raises EOFError, TooLarge or Malformed."""
-    head_size, blob_size = struct.unpack("!II", _exactly(sock, 8))
-    if head_size + blob_size > limit:
-        raise TooLarge(f"{head_size + blob_size} bytes, past the limit of {limit}")
+def receive(sock: socket.socket, limit: int, deadline=None) -> tuple:
+    """(header, blobs), whole by `deadline` (time.monotonic()); raises EOFError, socket.timeout,
+    TooLarge or Malformed."""
+    head_size, blob_size = struct.unpack("!II", _exactly(sock, 8, deadline))
+    if head_size + blob_size > limit or head_size > HEADER_LIMIT:
+        raise TooLarge(f"{head_size} + {blob_size} bytes, past the limit of {HEADER_LIMIT} + "
+                       f"{limit}")
     try:
-        message = json.loads(_exactly(sock, head_size))
+        message = json.loads(_exactly(sock, head_size, deadline))
         header, sizes = message["h"], message["sizes"]
         if not (isinstance(header, dict) and isinstance(sizes, list)
                 and all(isinstance(s, int) and s >= 0 for s in sizes)
                 and sum(sizes) == blob_size):
             raise Malformed("a header that does not describe its blobs")
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise Malformed(f"an unreadable header: {error}") from None
-    return header, [_exactly(sock, s) for s in sizes]
+    return header, [_exactly(sock, s, deadline) for s in sizes]
 
 
 class Encoder:
@@ -173,7 +184,7 @@ def decode(x, tensors, callback=None):
             return {decode(k, tensors, callback): decode(e, tensors, callback) for k, e in v}
         if tag == "callback" and callback is not None:
             return callback(int(x["i"]))
-    except (KeyError, IndexError, TypeError, ValueError) as error:
+    except (KeyError, IndexError, TypeError, ValueError, RecursionError) as error:
         raise Malformed(f"a {tag} value that does not decode: {error}") from None
     raise Malformed(f"an unknown value tag {tag!r}")
 

@@ -198,10 +198,13 @@ def read_form(path: str) -> tuple:
 def form_of(path: str) -> tuple:
     """The form handed in with a submission: a folder's shallowest written.txt, or the one beside
     a file. Read before the submission's code runs."""
-    if not os.path.isdir(path):
+    from .grading import walk
+    if os.path.islink(path) or not os.path.isdir(path):
         return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
-    found = sorted((os.path.join(root, FORM) for root, folders, names in os.walk(path)
-                    if FORM in names + folders), key=lambda p: (p.count(os.sep), p))
+    try:
+        found = [e.path for e in walk(path) if e.name == FORM]  # shallowest first
+    except (ValueError, OSError) as error:
+        return None, str(error)
     return read_form(found[0]) if found else (None, NO_FORM)
 
 
