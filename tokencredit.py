@@ -525,8 +525,12 @@ def _check_that(ok: bool, name: str, expected: str, got) -> None:
 
 
 def _check_inputs(g: dict, **rules) -> Optional[torch.Tensor]:
-    """A door's arguments g, each by its rule. Returns the mask as bool, when one came."""
+    """A door's arguments g, each by its rule. Returns the mask as bool, when one came. g is the
+    door's locals(): its parameters first, in order, each with a rule; a local made before the
+    door (a name with no rule, and what follows it) is no argument and is not checked."""
     rules, sizes, device = {**_RULES, **rules}, {}, None  # sizes: each letter's size in the call
+    names = [*g, None]  # the parameters: the leading names with a rule
+    g = {name: g[name] for name in names[:[n in rules for n in names].index(False)]}
     for name, x in g.items():
         rule, tensor = rules[name], torch.is_tensor(x)
         rule = rule(g) if callable(rule) else rule

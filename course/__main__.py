@@ -17,8 +17,9 @@ sandbox (course/grading.py), which answers the tests' calls with values; the tes
 process that never runs a student's code (course/judge.py).
 Official grades (grade PATH in the repository, grade-all, the bundle) put the student's exercise
 k beside the reference's other exercises, with the reference's exercise k blank, and check on
-fresh inputs drawn from a seed chosen for that grade (tests/test_hidden.py). In a handout there
-is no reference: the student's file runs whole, at seed 0, with the loops' recorded outputs.
+fresh inputs drawn from the file's own seed, a hash of the file and the course's secret
+(tests/test_hidden.py). In a handout there is no reference: the student's file runs whole, at
+seed 0, with the loops' recorded outputs.
 The written answers (written.txt, beside the file or in the folder) are read as text before the
 code runs, and their numbers graded against the table in course/written.py.
 """
@@ -35,13 +36,14 @@ from urllib.parse import quote
 from . import grading, report, written
 from .exercises import EXERCISES, SETS, names as exercise_names, points as exercise_points
 from .flags import scan
-from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, fresh_seed, find_student,
+from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, course_secret, find_student,
                       flag_row, read, shown, test_files, test_map, zero_rows)
 
 
 def setting(set_name=None, seed=None) -> dict:
     """Where this kit sits: a handout (its own map, seed 0, no reference), a Gradescope bundle
-    (its own set, seed and map) or the repository (the reference; a fresh seed)."""
+    (its own set, secret and map) or the repository (the reference; each file's seed from the
+    course's secret, or --seed's for all)."""
     if os.path.exists(os.path.join(ROOT, MAP_FILE)):
         saved = json.loads(read(os.path.join(ROOT, MAP_FILE)))
         return dict(reference=None, mapping=saved, exercises=saved["exercises"],
@@ -50,12 +52,12 @@ def setting(set_name=None, seed=None) -> dict:
     if os.path.exists(os.path.join(ROOT, BUNDLE_FILE)):
         config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
         return dict(reference=reference, mapping=test_map(reference), set=config["set"],
-                    exercises=list(SETS[config["set"]]), seed=config["seed"], where="bundle",
-                    limits=config.get("limits", {}))
+                    exercises=list(SETS[config["set"]]), seed=config.get("seed"), where="bundle",
+                    limits=config.get("limits", {}), secret=config.get("secret"))
     set_name = set_name or "all"
     return dict(reference=reference, mapping=test_map(reference), set=set_name,
-                exercises=list(SETS[set_name]), seed=fresh_seed() if seed is None else seed,
-                where="repository", limits={})
+                exercises=list(SETS[set_name]), seed=seed, where="repository", limits={},
+                secret=course_secret() if seed is None else None)
 
 
 def limits_of(args) -> dict:
@@ -76,10 +78,11 @@ def cmd_grade(args) -> None:
                          f"{where['exercises']}")
     form = written.form_of(path)  # read before the student's code runs
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
-                    dict(where["limits"], **limits_of(args)))
+                    dict(where["limits"], **limits_of(args)), secret=where.get("secret"))
+    seed = where["seed"]
     try:
         path, source, extras = find_student(path)
-        flags = scan(source, extras)
+        flags, seed = scan(source, extras), grader.seed_for(source)
         rows = grader.grade(source, shown(os.path.basename(path)), args.only)
     except ValueError as error:  # not a file to read: a FIFO, a link, a tree too deep, ...
         flags, rows = [], zero_rows(args.only or where["exercises"], str(error))
@@ -90,7 +93,7 @@ def cmd_grade(args) -> None:
         print(grader.sandbox_line())
     print(f"grading {shown(os.path.abspath(path))}, set {where['set']}, "
           + ("each exercise beside the reference's others, on fresh inputs (seed "
-             f"{where['seed']}; --seed {where['seed']} grades the same inputs again)"
+             f"{seed}, this file's; --seed {seed} grades other files on the same inputs)"
              if where["reference"] else "the file whole, exercises in order"))
     for line in report.flag_lines(flags):
         print(line)
@@ -144,7 +147,7 @@ def cmd_grade_all(args) -> None:
         raise SystemExit("course: grade a class from the repository (or a bundle), not from a "
                          "handout")
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
-                    limits_of(args))
+                    limits_of(args), secret=where.get("secret"))
     grader.start()  # the judges, their tests and the map: ready before any submission is read
     if grader.driver.sandbox is None and not args.no_sandbox_ok:
         grader.close()
@@ -160,7 +163,7 @@ def cmd_grade_all(args) -> None:
         order.reverse()
     elif args.order == "random":
         random.shuffle(order)
-    graded = {}
+    graded, seeds = {}, {}  # seeds: each student's
     try:
         for name, path, why in order:
             folder = os.path.isdir(path) and not os.path.islink(path)
@@ -173,7 +176,7 @@ def cmd_grade_all(args) -> None:
             except (ValueError, OSError) as error:
                 graded[name] = (zero_rows(where["exercises"], str(error)), [], answers)
                 continue
-            flags = scan(source, extras)
+            flags, seeds[name] = scan(source, extras), grader.seed_for(source)
             rows = grader.grade(source, shown(os.path.basename(student)))
             flag_row(rows, flags, args.strict)
             graded[name] = (rows, flags, answers)
@@ -189,7 +192,7 @@ def cmd_grade_all(args) -> None:
         for name, _, _ in students:
             rows, flags, answers = graded[name]
             said = "; ".join(f"exercise {r['k']}: {n}" for r in rows for n in report.notes(r))
-            out.writerow([cell(x) for x in [shown(name), where["set"], where["seed"]]
+            out.writerow([cell(x) for x in [shown(name), where["set"], seeds.get(name, "")]
                           + [f"{r['points']:.2f}" for r in rows]
                           + [f"{sum(r['points'] for r in rows):.2f}",
                              f"{sum(r['max'] for r in rows):g}"] + written.csv_cells(*answers)
@@ -200,7 +203,9 @@ def cmd_grade_all(args) -> None:
                 with open(os.path.join(place, "results.json"), "w") as g:
                     json.dump(report.gradescope(rows, flags, answers), g, indent=1)
     os.replace(tmp, csv_file)
-    print(f"graded {len(students)} submissions (set {where['set']}, seed {where['seed']}) in "
+    print(f"graded {len(students)} submissions (set {where['set']}, "
+          + (f"seed {where['seed']}" if where["seed"] is not None else "each file's own seed")
+          + ") in "
           f"{time.monotonic() - started:.1f} s: wrote {csv_file}"
           + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else "")
           + f"\n{grader.sandbox_line()}")
@@ -265,7 +270,8 @@ def main(argv=None) -> None:
                        help="only this exercise, with its failing tests (repeatable)")
     grade.add_argument("-v", "--verbose", action="store_true", help="list the failing tests")
     grade.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json")
-    grade.add_argument("--seed", type=int, help="the fresh inputs' seed (default: a new one)")
+    grade.add_argument("--seed", type=int, help="the fresh inputs' seed (default: the file's "
+                       "own, from COURSE_SECRET)")
     grade.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     add_limits(grade)
     class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
@@ -276,8 +282,8 @@ def main(argv=None) -> None:
     class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
     class_.add_argument("--gradescope-dir", metavar="OUT",
                         help="also write OUT/STUDENT/results.json")
-    class_.add_argument("--seed", type=int, help="the fresh inputs' seed (default: a new one, "
-                        "written in the CSV)")
+    class_.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
+                        "own, from COURSE_SECRET; written in the CSV)")
     class_.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     class_.add_argument("--order", choices=("name", "reverse", "random"), default="name",
                         help="the order students are graded in (the CSV is always by name)")
@@ -287,7 +293,8 @@ def main(argv=None) -> None:
     bundle = commands.add_parser("gradescope", help="write a Gradescope autograder bundle (.zip)")
     bundle.add_argument("out", help="the .zip to write")
     bundle.add_argument("--set", required=True, choices=SETS, help=sets)
-    bundle.add_argument("--seed", type=int, help="the fresh inputs' seed (default: a new one)")
+    bundle.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
+                        "own, from COURSE_SECRET)")
     add_limits(bundle)
     auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
     auto.add_argument("--root", default="/autograder")

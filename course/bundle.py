@@ -2,19 +2,18 @@
 
 It carries the grader (course/ without the planted mistakes, the handout writer or selfcheck),
 the reference tokencredit.py (the other exercises of a submission run beside it), the tests, the
-map, and its configuration: the set, the seed of the fresh inputs and the limits. setup.sh
-installs bubblewrap and what grading imports (CPU torch, numpy, pytest); the students' code then
-runs in bubblewrap sandboxes (course/grading.py), one process per exercise. Where the image
-cannot run bubblewrap, results.json says so.
+map, and its configuration: the set, the secret that seeds each file's fresh inputs (or one seed
+for all) and the limits. setup.sh installs bubblewrap and what grading imports (CPU torch, numpy,
+pytest); the students' code then runs in bubblewrap sandboxes (course/grading.py), one process
+per exercise. Where the image cannot run bubblewrap, results.json says so.
 """
 
 import json
 import os
-import sys
 import zipfile
 
-from .exercises import EXERCISE_OF, EXERCISES, SETS, points as exercise_points
-from .grading import (BUNDLE_FILE, HERE, HIDDEN, ROOT, TESTS, Grader, fresh_seed, map_key,
+from .exercises import EXERCISES, SETS, points as exercise_points
+from .grading import (BUNDLE_FILE, HERE, HIDDEN, ROOT, TESTS, Grader, course_secret, map_key,
                       read, sha, shown, test_files, test_map, find_student)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
@@ -62,25 +61,7 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
         raise SystemExit("course: make the bundle from the repository, not from a handout")
     reference = read(os.path.join(ROOT, "tokencredit.py"))
     mapping = test_map(reference)
-    seed = fresh_seed() if seed is None else seed
-    for _ in range(5):  # the seed's fresh tests pass on the reference, or another is drawn
-        grader = Grader(reference, mapping, SETS[set_name], seed, limits, workers=1)
-        fresh = sorted({t for k in SETS[set_name] for t in grader.tests_of(k)
-                        if mapping["kinds"].get(t) == "fresh"})
-        try:
-            grader.start(1)
-            check, = grader.driver.run([dict(student=reference, label="tokencredit.py",
-                                             reference=None, names=list(EXERCISE_OF),
-                                             tests=fresh, limit=600)])
-        finally:
-            grader.close()
-        if len(check["results"]) == len(fresh) and not any(check["results"].values()):
-            break
-        print(f"course: the reference fails a fresh test at seed {seed}; drawing another",
-              file=sys.stderr)
-        seed = fresh_seed()
-    else:
-        raise SystemExit("course: no seed of five passes the reference's fresh tests")
+    secret = None if seed is not None else course_secret()  # each file its own seed
     tests = test_files()
     key = map_key(reference, tests)
     body = dict(key=key, sha=sha(json.dumps(mapping, sort_keys=True)), map=mapping)
@@ -93,7 +74,8 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
         z.write(os.path.join(ROOT, TESTS), TESTS)
         z.write(os.path.join(ROOT, HIDDEN), HIDDEN)
         z.writestr(f".course-cache/map-{key[:16]}.json", json.dumps(body))
-        z.writestr(BUNDLE_FILE, json.dumps(dict(set=set_name, seed=seed, limits=limits)))
+        z.writestr(BUNDLE_FILE, json.dumps(dict(set=set_name, seed=seed, secret=secret,
+                                                limits=limits)))
         z.writestr("requirements.txt", REQUIREMENTS)
         for name, text in (("setup.sh", SETUP_SH.format(torch=TORCH)),
                            ("run_autograder", RUN_AUTOGRADER)):
@@ -101,7 +83,9 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
             info.external_attr = 0o755 << 16
             z.writestr(info, text)
     print(f"wrote {out}: a Gradescope autograder for set {set_name} (exercises "
-          f"{', '.join(map(str, SETS[set_name]))}), fresh inputs from seed {seed}; students "
+          f"{', '.join(map(str, SETS[set_name]))}), fresh inputs from "
+          + (f"seed {seed}" if seed is not None else "each file's seed (COURSE_SECRET's)")
+          + "; students "
           f"submit their tokencredit.py and written.txt")
 
 
@@ -127,8 +111,8 @@ def cmd_autograde(root: str) -> None:
         out["score"] = round(sum(t.get("score", 0) for t in out["tests"]), 2)
     else:
         flags = scan(source, extras)
-        grader = Grader(reference, test_map(reference), exercises, config["seed"],
-                        config.get("limits"))
+        grader = Grader(reference, test_map(reference), exercises, config.get("seed"),
+                        config.get("limits"), secret=config.get("secret"))
         try:
             rows = grader.grade(source, shown(os.path.basename(student)))
         finally:

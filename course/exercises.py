@@ -60,6 +60,13 @@ MISTAKES = (
          "return mask & (entropy.float() >= threshold)"),)),
     (8, "the threshold over padding too", (("real = entropy[mask].float()",
                                             "real = entropy.flatten().float()"),)),
+    # issue 42's real mistakes, each found by a hidden test on some seeds only before
+    (2, "groups_informative counting the kept only", (
+        ("n_informative += int(keep.sum())\n        take = keep.nonzero().squeeze(1)[: batch_size "
+         "- n_kept]  # drop the surplus", "take = keep.nonzero().squeeze(1)[: batch_size - n_kept]"
+         "\n        n_informative += take.numel()"),)),
+    (7, "cscr_weights without the padding mask", (
+        ('    log_w = log_w.masked_fill(~mask, float("-inf"))\n', ""),)),
 )
 CORRECT = (  # other correct solutions, each at full marks: (exercise, what, edits)
     (1, "a module-level constant", (

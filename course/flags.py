@@ -16,10 +16,33 @@ MODULES = {"sys", "os", "importlib", "inspect", "builtins", "ctypes", "subproces
            "_posixsubprocess", "concurrent", "asyncio", "select", "fcntl"}
 FRAMES = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame", "cr_frame",
           "co_code", "tb_next"}
-DUNDERS_OK = {"__name__", "__doc__"}
+DUNDERS_OK = {"__name__", "__doc__", "__main__"}
+BY_NAME = {"getattr", "setattr", "delattr", "hasattr", "attrgetter", "methodcaller"}  # (x, name)
 EXTRA_FILES = (".py", ".json", ".pth", ".so", ".pyc", ".cfg", ".ini", ".toml", ".pt")
 BIG_NUMBER = 10 ** 8  # an int this large is a memory bomb's size
 BIG_LITERAL = 2000  # characters of a string, or elements of a literal: stored answers
+
+
+def reaches(name: str) -> bool:
+    """Whether an attribute name (or a dotted path of them) reaches past the exercises: a module
+    above, a frame's insides, a dunder."""
+    return any(part in MODULES or part in FRAMES or part.startswith("__") and part.endswith("__")
+               and part not in DUNDERS_OK for part in name.split("."))
+
+
+def called(node: ast.Call):
+    """The name a call calls: f(...) or x.f(...)."""
+    return getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+
+
+def text_of(node):
+    """A string the ast spells out (a constant, or constants joined by +), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = text_of(node.left), text_of(node.right)
+        return None if left is None or right is None else left + right
+    return None
 
 
 def scan(source: str, extra_files=()) -> list:
@@ -62,6 +85,16 @@ def scan(source: str, extra_files=()) -> list:
             said = f"uses {node.id}"
         elif isinstance(node, ast.Name) and node.id in MODULES:
             said = f"uses {node.id}"
+        elif isinstance(node, ast.Call) and called(node) in BY_NAME:  # getattr(torch, "os")
+            at = int(called(node).endswith("attr"))  # the name: attrgetter's first argument
+            name = text_of(node.args[at]) if len(node.args) > at else None
+            if name is None:
+                said = "reaches an attribute by a name computed at run time"
+            elif reaches(name):
+                said = f"reaches {name} through an attribute"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                id(node) not in docstrings and reaches(node.value) and " " not in node.value:
+            said = f"names {node.value} in a string"
         elif isinstance(node, ast.Attribute):
             if node.attr in MODULES:
                 said = f"reaches {node.attr} through an attribute"

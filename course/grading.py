@@ -39,7 +39,7 @@ TESTS = "test_tokencredit.py"
 HIDDEN = os.path.join("tests", "test_hidden.py")
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
 SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
-BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, seed, user, limits
+BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret (or seed), limits
 CACHE = os.path.join(ROOT, ".course-cache")
 MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
@@ -405,8 +405,8 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
             uses[t] = named or uses[t]
     for name, tests in functions.items():
         share = EXERCISES[k][1][name]
-        counted = [t for t in tests if t not in waiting and (
-            t not in failed or len(uses[t]) == 1 or name in wrong or not uses[t] & wrong)]
+        counted = [t for t in tests if t not in waiting and (t not in failed or name in uses[t]
+                   and (len(uses[t]) == 1 or name in wrong or not uses[t] & wrong))]
         bad = [t for t in counted if t in failed]
         got = share * (len(counted) - len(bad)) / len(counted) if counted else 0.0
         if any(kinds.get(t) in ("hand", "loop") for t in bad):
@@ -464,10 +464,23 @@ def flag_row(rows: list, flags: list, strict: bool) -> None:
 
 
 # -----------------------------------------------------------------------------
-# one grading setup: a driver, a map, a set, a seed; then any number of submissions
+# one grading setup: a driver, a map, a set, a secret (or a seed); then any number of submissions
 
-def fresh_seed() -> int:
-    return secrets.randbelow(10 ** 9)
+def course_secret() -> str:
+    """The instructor's secret: COURSE_SECRET, else one made once and kept in the cache."""
+    if os.environ.get("COURSE_SECRET"):
+        return os.environ["COURSE_SECRET"]
+    path = os.path.join(CACHE, "secret")
+    if not os.path.exists(path):
+        os.makedirs(CACHE, mode=0o700, exist_ok=True)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(16))
+    return read(path).strip()
+
+
+def seed_of(secret: str, source: str) -> int:
+    """A submission's seed: fixed by the secret and the file, unknown without the secret."""
+    return int(sha(secret, source)[:15], 16) % 10 ** 9
 
 
 class Grader:
@@ -476,20 +489,20 @@ class Grader:
     the reference's exercise k blank in the child's copy)."""
 
     def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None,
-                 workers=None):
+                 workers=None, secret=None):
         self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
-        self.in_order, self.seed = reference is None, seed
+        self.in_order, self.seed, self.secret = reference is None, seed, secret
         self.limits = dict(LIMITS, **(limits or {}))
         self.tests, self.workers = tests or test_files(), workers
         self.driver = None
         self.plan = scheme(mapping, self.exercises, self.in_order)
-        self.reference_fails = {}  # fresh test: whether the reference fails it at this seed
+        self.reference_fails = {}  # (seed, fresh test): whether the reference fails it
         self.shapes = {}
 
     def start(self, workers=None) -> None:
         """The judges, with their copy of the tests: before any submission is read."""
         if self.driver is None:
-            self.driver = Driver(self.tests, self.seed, self.mapping["constants"],
+            self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
                                  workers or self.workers)
 
@@ -521,11 +534,16 @@ class Grader:
         except (SyntaxError, ValueError):
             return False
 
+    def seed_for(self, source: str) -> int:
+        """The seed given (--seed, a handout's 0), else the submission's own from the secret."""
+        return self.seed if self.seed is not None else seed_of(self.secret, source)
+
     def jobs(self, source: str, label: str, exercises) -> list:
         out = []
         for k in exercises:
             job = dict(student=source, label=label, names=list(exercise_names(k)),
-                       tests=self.tests_of(k), limit=self.limits["time_s"])
+                       tests=self.tests_of(k), limit=self.limits["time_s"],
+                       seed=self.seed_for(source))
             if self.reference is None:
                 job.update(reference=None)
             else:
@@ -554,10 +572,12 @@ class Grader:
                    else ran.pop(0) for k in exercises]
         for k, result in zip(exercises, results):
             result["blank"] = not_written(source, exercise_names(k))
-        self.check_reference(results)
+        seed = self.seed_for(source)
+        self.check_reference(results, seed)
         rows = []
         for k, result in zip(exercises, results):
-            excluded = {t for t, fails in self.reference_fails.items() if fails}
+            excluded = {t for (at, t), fails in self.reference_fails.items()
+                        if fails and at == seed}
             plan = dict(self.plan[k], functions={n: [t for t in ts if t not in excluded]
                                                  for n, ts in self.plan[k]["functions"].items()})
             rows.append(score(plan, k, result, self.mapping["kinds"], self.limits))
@@ -568,25 +588,25 @@ class Grader:
                                              and not_written(source, exercise_names(j))])
         return rows
 
-    def check_reference(self, results) -> None:
-        """A fresh test a submission fails is run on the reference at this seed, once: if the
-        reference fails it too, it counts for no one."""
+    def check_reference(self, results, seed: int) -> None:
+        """A fresh test a submission fails is run on the reference at its seed, once: if the
+        reference fails it too, it counts for no one at that seed."""
         if self.reference is None:
             return
         failed = sorted({t for r in results for t, f in r["results"].items()
                          if f and self.mapping["kinds"].get(t) == "fresh"
-                         and t not in self.reference_fails})
+                         and (seed, t) not in self.reference_fails})
         if not failed:
             return
         self.start()
         check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
                                        reference=None, names=list(EXERCISE_OF), tests=failed,
-                                       limit=self.limits["time_s"] * 4)])
+                                       limit=self.limits["time_s"] * 4, seed=seed)])
         for t in failed:
-            self.reference_fails[t] = bool(check["results"].get(t, "did not run"))
-        bad = [t for t in failed if self.reference_fails[t]]
+            self.reference_fails[(seed, t)] = bool(check["results"].get(t, "did not run"))
+        bad = [t for t in failed if self.reference_fails[(seed, t)]]
         if bad:
-            print(f"course: seed {self.seed}: the reference fails {bad}; they count for no one",
+            print(f"course: seed {seed}: the reference fails {bad}; they count for no one",
                   file=sys.stderr)
 
     def sandbox_line(self) -> str:

@@ -1,0 +1,287 @@
+"""Issue 42's scoring side: expected values the student cannot touch, one file one score, correct
+code that does not lose for where it puts a line, and the flag scan's reach through attributes.
+
+    python tests/test_score.py [SEEDS]    the note's table: each plant's points over SEEDS seeds
+                                          (default 20), officially and in a handout
+
+One grader (module scope, each file's seed from SECRET) serves the in-process cases; the routes
+(`grade PATH`, `grade-all`, the bundle) run as the instructor runs them. REPEATS (default 3) is
+how many times each route grades the same file.
+"""
+
+import ast
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+from course import flags, grading, source
+from course.exercises import CORRECT, EXERCISES, MISTAKES, SETS, names
+
+ROOT = grading.ROOT
+REFERENCE = grading.read(os.path.join(ROOT, "tokencredit.py"))
+PY = sys.executable
+SECRET = "test_score's course secret"
+GRPO = SETS["grpo"]
+REPEATS = int(os.environ.get("REPEATS", "3"))
+SLOW = dict(time_s=10 * grading.LIMITS["time_s"], test_s=10 * grading.LIMITS["test_s"])  # the
+# in-process grades measure the draw, not how busy the machine is
+ZERO = '''
+
+def _zero(*given):
+    """Every tensor given, zeroed in place (and every tensor inside a tuple, list or dict)."""
+    with torch.no_grad():
+        for x in given:
+            if isinstance(x, torch.Tensor):
+                x.zero_()
+            elif isinstance(x, (tuple, list, dict)):
+                _zero(*(x.values() if isinstance(x, dict) else x))
+'''
+
+
+def insert(text: str, statement: str, exercises, after_door: bool) -> str:
+    """text with `statement` in each function of the exercises: first in its body (after the
+    docstring), or right after its door."""
+    defs, lines = source.functions(text), text.splitlines(keepends=True)
+    at = []
+    for name in [n for k in exercises for n in names(k)]:
+        body = defs[name].body
+        keep = source.kept_statements(defs[name]) if after_door else int(
+            isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant))
+        at.append((body[keep].lineno - 1, body[keep].col_offset))
+    for line, indent in sorted(at, reverse=True):
+        lines[line:line] = [" " * indent + part + "\n" for part in statement.splitlines()]
+    return "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def grader():
+    mapping = grading.test_map(REFERENCE)
+    one = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, SLOW, secret=SECRET)
+    one.start()
+    yield one
+    one.close()
+
+
+def total(rows) -> float:
+    return round(sum(r["points"] for r in rows), 2)
+
+
+# -----------------------------------------------------------------------------
+# expected values the student cannot touch
+
+def test_a_blank_that_zeroes_its_inputs_in_place_gets_0(grader):
+    """Before: its writes were copied into the judge's tensors, whose loops then met zeros."""
+    text = insert(REFERENCE, "_zero(*locals().values())", GRPO, after_door=True) + ZERO
+    assert total(grader.grade(text, only=GRPO)) == 0
+
+
+def test_the_same_with_the_public_snapshots_gets_0(grader, tmp_path):
+    """The public tests' inputs answered from a table of their outputs, any other input zeroed
+    in place and answered on zeros: the fresh inputs fail, and with them each function."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_course import replay_attack
+    text = replay_attack(tmp_path)
+    said = 'raise NotImplementedError("no stored output for these inputs")'
+    assert text.count(said) == 1
+    text = text.replace(said, "_zero(*a, *k.values())") + ZERO
+    rows = grader.grade(text, only=GRPO)
+    assert total(rows) == 0, [(r["k"], r["points"], list(r["failed"])[:3]) for r in rows]
+
+
+def test_a_correct_function_that_changes_its_input_loses_that_test_only(grader):
+    """Whether a function may change its inputs is its own test: the reference changes none."""
+    text = REFERENCE + ZERO + '''
+_right = group_advantages
+
+
+def group_advantages(rewards, *args, **kwargs):
+    out = _right(rewards, *args, **kwargs)
+    _zero(rewards)
+    return out
+'''
+    row, = grader.grade(text, only=[1])
+    assert list(row["failed"]) == ["test_inputs_unchanged[group_advantages]"], row["failed"]
+    assert 9 < row["points"] < 10  # a share of one "other" test of group_advantages' 7 points
+
+
+def test_a_test_charged_to_the_function_it_is_named_after_costs_no_other():
+    """fill_batch keeps its surplus: its tests all call informative_groups too, and none fails
+    alone; each is charged to fill_batch, after whom it is named, and informative_groups keeps
+    its share (it lost it all before)."""
+    both = ["test_fill_batch", "test_h_fill_batch"]
+    plan = dict(functions={"informative_groups": ["test_ig"] + both, "fill_batch": both},
+                later={})
+    kinds = dict(test_ig="loop", test_fill_batch="loop", test_h_fill_batch="fresh")
+    result = dict(results=dict(test_ig=None, test_fill_batch="boom", test_h_fill_batch="boom"))
+    row = grading.score(plan, 2, result, kinds, grading.LIMITS)
+    assert row["per_function"] == {"informative_groups": (1, 1, 3.0, 3),
+                                   "fill_batch": (0, 2, 0.0, 7)}
+
+
+# -----------------------------------------------------------------------------
+# correct code that loses: the door
+
+def test_the_door_checks_the_parameters_wherever_it_stands():
+    import tokencredit as tc
+
+    def door(logp, mask, mode):
+        """A door with locals made before it; `mode` a local with a rule of its own."""
+        x, mask_count = 1, 2
+        return tc._check_inputs(locals())
+    logp = torch.zeros(2, 3)
+    assert door(logp, torch.ones(2, 3), "token").dtype == torch.bool
+    with pytest.raises(ValueError, match=r"mask must be a torch.Tensor"):
+        door(logp, torch.ones(2, 4), "token")  # a parameter is still checked
+    with pytest.raises(ValueError, match=r"mode must be one of"):
+        door(logp, torch.ones(2, 3), "tokens")
+
+
+def test_a_correct_file_with_a_harmless_first_line_gets_full_marks(grader):
+    text = insert(REFERENCE, "x = 1", EXERCISES, after_door=False)
+    assert "    x = 1\n    _check_inputs(locals())" in text
+    rows = grader.grade(text)
+    assert total(rows) == 80, [(r["k"], r["points"], list(r["failed"])[:2]) for r in rows]
+    assert flags.scan(text) == []
+
+
+# -----------------------------------------------------------------------------
+# the flag scan: modules reached through any object
+
+HOSTILE = {
+    'getattr(torch, "os").system("true")': "reaches os",
+    'getattr(torch, "sys").modules': "reaches sys",
+    'getattr(torch, "ctypes")': "reaches ctypes",
+    'getattr(torch.nn, "threading")': "reaches threading",
+    'getattr(torch, "o" + "s")': "reaches os",
+    'getattr(torch, "".join(["o", "s"]))': "computed at run time",
+    '__import__("operator").attrgetter("os.system")(torch)': "reaches os.system",
+    'torch.__dict__["os"]': "__dict__",
+    'vars(torch)["sys"]': "uses vars",
+    'torch.functional.__dict__.get("ctypes")': "__dict__",
+    'torch.utils.importlib': "reaches importlib",
+    'hasattr(torch, "threading")': "reaches threading",
+}
+
+
+def test_the_flag_scan_catches_modules_reached_through_attributes():
+    for line, said in HOSTILE.items():
+        found = flags.scan(f"import torch\n\n\ndef f(x):\n    return {line}\n")
+        assert any(said in f for f in found), (line, found)
+    for text in [REFERENCE, source.blank(REFERENCE, EXERCISES)] + [
+            source.apply_edits(REFERENCE, edits) for _, _, edits in MISTAKES + CORRECT]:
+        assert flags.scan(text) == []
+
+
+# -----------------------------------------------------------------------------
+# one file, one score: every route, every regrade; every plant, every seed
+
+def test_a_mistake_found_on_some_draws_only_still_gets_one_score_on_every_route(grader, tmp_path):
+    """overlong_penalty wrong past max_len 35: a fresh draw finds it on about half the seeds.
+    Graded REPEATS times by grade PATH, in a class of copies by grade-all and by the bundle."""
+    door = "_check_inputs(locals(), max_len=_POSITIVE_INT)  # here a count of tokens\n"
+    text = source.apply_edits(REFERENCE, [(door, door + "    if max_len > 35:\n"
+                                           "        return torch.zeros(lengths.shape)\n")])
+    seen = set()
+    for seed in range(6):  # the draw decides, for this file: which seed is used matters
+        grader.seed = seed
+        seen.add(grader.grade(text, only=[1])[0]["points"])
+    grader.seed = None
+    assert seen == {7.0, 10.0}
+    env = dict(os.environ, COURSE_SECRET=SECRET)
+    (tmp_path / "class").mkdir()
+    for i in range(REPEATS):
+        (tmp_path / "class" / f"copy{i}.py").write_text(text)
+    (tmp_path / "class" / "correct.py").write_text(REFERENCE)
+    points = []
+
+    def run(*args):
+        done = subprocess.run([PY, "-m", "course", *args], cwd=ROOT, env=env, text=True,
+                              capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    for i in range(REPEATS):
+        run("grade", str(tmp_path / "class" / "copy0.py"), "--set", "grpo", "--gradescope",
+            str(tmp_path / "one.json"))
+        points.append(json.loads((tmp_path / "one.json").read_text())["score"])
+    run("grade-all", str(tmp_path / "class"), "--set", "grpo", "--csv", str(tmp_path / "g.csv"))
+    rows = list(csv.DictReader((tmp_path / "g.csv").open()))
+    assert {r["student"]: r["total"] for r in rows}["correct"] == "30.00"
+    points += [float(r["total"]) for r in rows if r["student"].startswith("copy")]
+    assert len({r["seed"] for r in rows if r["student"].startswith("copy")}) == 1
+    run("gradescope", str(tmp_path / "ag.zip"), "--set", "grpo")
+    root = tmp_path / "root"
+    with zipfile.ZipFile(tmp_path / "ag.zip") as z:
+        z.extractall(root / "source")
+        assert SECRET in z.read(grading.BUNDLE_FILE).decode()
+    (root / "submission").mkdir()
+    (root / "submission" / "tokencredit.py").write_text(text)
+    for _ in range(REPEATS):
+        done = subprocess.run(["bash", str(root / "source" / "run_autograder")], text=True,
+                              env=dict(os.environ, AUTOGRADER_ROOT=str(root), PYTHON=PY),
+                              capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        points.append(json.loads((root / "results" / "results.json").read_text())["score"])
+    mine = total(grader.grade(text, only=GRPO))  # this grader's secret is the routes'
+    assert points == [mine] * len(points), points
+
+
+def spread(grader, plants, seeds) -> dict:
+    """{what: (exercise, [its points on each seed])}: each plant's own exercise, officially."""
+    out = {}
+    for k, what, edits in plants:
+        text, got = source.apply_edits(REFERENCE, edits), []
+        for seed in seeds:
+            grader.seed = seed
+            got.append(grader.grade(text, f"{what}.py", only=[k])[0]["points"])
+        out[what] = (k, got)
+    grader.seed = None
+    return out
+
+
+def test_every_plant_costs_the_same_on_every_seed(grader):
+    """CI's two seeds; `python tests/test_score.py 20` gives the note's twenty."""
+    mistakes = {what for _, what, _ in MISTAKES}
+    for what, (k, got) in spread(grader, MISTAKES + CORRECT, (0, 1)).items():
+        assert len(set(got)) == 1, (what, got)
+        assert (got[0] < sum(EXERCISES[k][1].values())) == (what in mistakes), (what, got)
+
+
+def main(n: int) -> None:
+    """The note's table: each plant's own exercise over n seeds, officially (min, max, the
+    distinct values) and in a handout (set all, its seed 0)."""
+    from course.handout import write_handout
+    mapping = grading.test_map(REFERENCE)
+    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, SLOW, secret=SECRET)
+    try:
+        table = spread(official, MISTAKES + CORRECT, range(n))
+    finally:
+        official.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        write_handout(os.path.join(tmp, "h"), "all", False, REFERENCE, mapping)
+        saved = json.loads(grading.read(os.path.join(tmp, "h", grading.MAP_FILE)))
+        handout = grading.Grader(None, saved, list(EXERCISES), 0, SLOW,
+                                 tests=grading.test_files(os.path.join(tmp, "h")))
+        try:
+            theirs = {what: handout.grade(source.apply_edits(REFERENCE, edits), f"{what}.py",
+                                          only=[k])[0]["points"]
+                      for k, what, edits in MISTAKES + CORRECT}
+        finally:
+            handout.close()
+    print(f"| plant | exercise | official, {n} seeds: min | max | distinct | handout | agree |")
+    print("|---|---|---|---|---|---|---|")
+    for what, (k, got) in table.items():
+        print(f"| {what} | {k} | {min(got):g} | {max(got):g} | {len(set(got))} | "
+              f"{theirs[what]:g} | {'yes' if set(got) == {theirs[what]} else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
