@@ -4,7 +4,8 @@ put only tokencredit's own names in site-packages, and ask for requirements.txt'
 Offline and quick (a few seconds each): a copy of the project is installed with --no-deps and
 --no-build-isolation into a throwaway virtualenv, built by the setuptools this Python has.
 The import runs in that virtualenv from another folder, with this Python's packages (torch) on
-PYTHONPATH, which holds no tokencredit of its own.
+PYTHONPATH behind the virtualenv's own: where this Python has tokencredit installed editable (as
+CI does), its editable finder's module has the same name as the virtualenv's.
 """
 
 import email.parser
@@ -54,13 +55,13 @@ def install(tmp_path, editable: bool):
     return project, python, site
 
 
-def import_elsewhere(tmp_path, python: str, code: str) -> str:
+def import_elsewhere(tmp_path, python: str, site: str, code: str) -> str:
     """Runs code in the virtualenv from an empty folder; returns what it printed."""
     import torch
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
     done = subprocess.run([python, "-c", code], cwd=elsewhere, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONPATH=site_of(torch)))
+                          timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join([site, site_of(torch)])))
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -83,7 +84,7 @@ def test_pip_install_puts_only_tokencredits_names_in_site_packages(tmp_path):
     installed = {name for name in os.listdir(site)
                  if name != "__pycache__" and not name.endswith(".dist-info")}
     assert "tokencredit.py" in installed and installed <= ALLOWED, installed
-    file, clone_only = import_elsewhere(tmp_path, python, PROBE).splitlines()
+    file, clone_only = import_elsewhere(tmp_path, python, site, PROBE).splitlines()
     assert file == os.path.join(site, "tokencredit.py") and clone_only == ""
     # the dependencies are requirements.txt's lines; each extra's, its requirements file's
     info, = glob.glob(os.path.join(site, "tokencredit-*.dist-info"))
@@ -105,6 +106,6 @@ def test_pip_install_puts_only_tokencredits_names_in_site_packages(tmp_path):
 
 
 def test_pip_install_editable_imports_the_clones_file_and_nothing_else(tmp_path):
-    project, python, _ = install(tmp_path, editable=True)
-    file, clone_only = import_elsewhere(tmp_path, python, PROBE).splitlines()
+    project, python, site = install(tmp_path, editable=True)
+    file, clone_only = import_elsewhere(tmp_path, python, site, PROBE).splitlines()
     assert file == str(project / "tokencredit.py") and clone_only == ""
