@@ -149,7 +149,7 @@ def cmd_grade_all(args) -> None:
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
                     limits_of(args), secret=where.get("secret"))
     grader.start()  # the judges, their tests and the map: ready before any submission is read
-    if grader.driver.sandbox is None and not args.no_sandbox_ok:
+    if grader.sandbox() is None and not args.no_sandbox_ok:
         grader.close()
         raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install bubblewrap "
                          "(and allow user namespaces), or pass --no-sandbox-ok to grade anyway "
@@ -182,7 +182,7 @@ def cmd_grade_all(args) -> None:
             graded[name] = (rows, flags, answers)
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
-    sandbox = "bubblewrap" if grader.driver.sandbox else "none"
+    sandbox = "bubblewrap" if grader.sandbox() else "none"
     tmp = csv_file + ".tmp"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)

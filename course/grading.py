@@ -32,6 +32,7 @@ import time
 
 from .exercises import EXERCISE_OF, EXERCISES, names as exercise_names, points as exercise_points
 from .source import blank, constants, functions, kept_statements
+from .written import shown, walk
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
@@ -609,9 +610,13 @@ class Grader:
             print(f"course: seed {seed}: the reference fails {bad}; they count for no one",
                   file=sys.stderr)
 
+    def sandbox(self):
+        """The sandbox the students' code runs in (find_sandbox's answer), or None."""
+        return self.driver.sandbox if self.driver else find_sandbox()
+
     def sandbox_line(self) -> str:
         """What isolated the students' code, for the report."""
-        box = self.driver.sandbox if self.driver else find_sandbox()
+        box = self.sandbox()
         if box is None:
             return "NO SANDBOX: " + NO_SANDBOX
         return ("sandbox: bubblewrap, each submission alone (its own PID, mount, network and user "
@@ -629,31 +634,6 @@ def zero_rows(exercises, why: str) -> list:
 
 
 SOURCE_LIMIT = 2 ** 20  # bytes of a submission's tokencredit.py read at most
-WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, at most
-
-
-def shown(name) -> str:
-    """A file name (str or bytes) as text that prints anywhere and names one file only: as is
-    when printable, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
-    text = os.fsdecode(name)
-    return text if text.isprintable() and "\\" not in text else ascii(text)[1:-1]
-
-
-def walk(folder: str) -> list:
-    """Every entry below folder (os.DirEntry), shallowest first, no link followed; ValueError
-    past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into)."""
-    (levels, most), out, todo = WALK_LIMIT, [], [(folder, 1)]
-    for here, depth in todo:  # breadth first: todo grows as it is read
-        with os.scandir(here) as entries:
-            found = sorted(entries, key=lambda e: e.name)
-        out += found
-        todo += [(e.path, depth + 1) for e in found if e.is_dir(follow_symlinks=False)]
-        if len(out) > most or todo[-1][1] > levels:
-            raise ValueError(f"{shown(folder)} is more than {levels} folders deep or holds more "
-                             f"than {most} entries: not read")
-    return out
-
-
 def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
     """A student's file as text: a regular file (never through a link, never a FIFO or a
     device), at most `limit` bytes of UTF-8. ValueError says why not."""

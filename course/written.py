@@ -198,7 +198,6 @@ def read_form(path: str) -> tuple:
 def form_of(path: str) -> tuple:
     """The form handed in with a submission: a folder's shallowest written.txt, or the one beside
     a file. Read before the submission's code runs."""
-    from .grading import walk
     if os.path.islink(path) or not os.path.isdir(path):
         return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
     try:
@@ -358,3 +357,28 @@ def answers_block() -> str:
         out.append(f"{head}: {q['expected']:g} {tolerance(q)}" if q["number"] else
                    f"{head}, by hand. Rubric: {q['expected']}")
     return "\n".join(out) + "\n"
+
+
+WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, at most
+
+
+def shown(name) -> str:
+    """A file name (str or bytes) as text that prints anywhere and names one file only: as is
+    when printable, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
+    text = os.fsdecode(name)
+    return text if text.isprintable() and "\\" not in text else ascii(text)[1:-1]
+
+
+def walk(folder: str) -> list:
+    """Every entry below folder (os.DirEntry), shallowest first, no link followed; ValueError
+    past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into)."""
+    (levels, most), out, todo = WALK_LIMIT, [], [(folder, 1)]
+    for here, depth in todo:  # breadth first: todo grows as it is read
+        with os.scandir(here) as entries:
+            found = sorted(entries, key=lambda e: e.name)
+        out += found
+        todo += [(e.path, depth + 1) for e in found if e.is_dir(follow_symlinks=False)]
+        if len(out) > most or todo[-1][1] > levels:
+            raise ValueError(f"{shown(folder)} is more than {levels} folders deep or holds more "
+                             f"than {most} entries: not read")
+    return out
