@@ -8,7 +8,7 @@ most of what a seed changes, and it is the difference a paired comparison reads.
 import argparse
 import dataclasses
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import tiny_task
 from lab import plots
@@ -148,6 +148,17 @@ def format_primary(pairs: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_pairs(command: str, specs: List[str], plot: Optional[bool] = None) -> list:
+    """BASE OTHER [BASE OTHER ...] as saved runs, paired seed by seed. plot: for compare, whether
+    --plot was given, which draws a single pair."""
+    if len(specs) % 2 or (plot and len(specs) > 2):
+        raise ValueError(f"{command}: expected BASE OTHER pairs"
+                         f"{'' if plot is None else ' (and --plot with one pair)'}, got "
+                         f"{len(specs)} runs: {' '.join(specs)}")
+    sides = [load_side(spec) for spec in specs]
+    return [paired(base, other) for base, other in zip(sides[::2], sides[1::2])]
+
+
 def compare(argv: List[str]):
     """python -m lab compare BASE OTHER [BASE OTHER ...] [--primary] [--plot PATH]"""
     parser = argparse.ArgumentParser(
@@ -163,11 +174,7 @@ def compare(argv: List[str]):
     parser.add_argument("--plot", metavar="PATH", help="where to draw the picture of a single "
                         "pair (default: runs/compare/OTHER-minus-BASE.png)")
     a = parser.parse_args(argv)
-    if len(a.runs) % 2 or (a.plot and len(a.runs) > 2):
-        raise ValueError(f"compare: expected BASE OTHER pairs (and --plot with one pair), got "
-                         f"{len(a.runs)} runs: {' '.join(a.runs)}")
-    sides = [load_side(spec) for spec in a.runs]
-    pairs = [paired(base, other) for base, other in zip(sides[::2], sides[1::2])]
+    pairs = load_pairs("compare", a.runs, plot=bool(a.plot))
     if a.primary:
         print(format_primary(pairs))
         return pairs

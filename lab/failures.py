@@ -20,7 +20,7 @@ import os
 from typing import List
 
 from lab import compare, plots
-from lab.records import load_run, load_side, seed_run
+from lab.records import load_run, seed_run
 from lab.stats import mean_of, paired_stats
 
 EARLY_EVALS = ("10", "20", "30")  # "early": the mean of these held-out evaluations
@@ -156,11 +156,7 @@ def failures(argv: List[str]) -> list:
                         "\"sample\" then \"token\": runs/NAME or results/NAME.json")
     parser.add_argument("--plot", metavar="PATH", help="draw the picture there")
     a = parser.parse_args(argv)
-    if len(a.runs) % 2:
-        raise ValueError(f"failures: expected BASE OTHER pairs, got {len(a.runs)} runs: "
-                         f"{' '.join(a.runs)}")
-    sides = [load_side(spec) for spec in a.runs]
-    pairs = [compare.paired(base, other) for base, other in zip(sides[::2], sides[1::2])]
+    pairs = compare.load_pairs("failures", a.runs)
     rows = side_by_side(pairs)
     print(format_failures(pairs, rows))
     if a.plot:
