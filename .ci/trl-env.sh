@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # CI for the TRL bridge: its own virtualenv (.venv-trl: TRL's packages cannot share the core's
 # environment), pinned by .ci/constraints.txt and .ci/constraints-trl.txt, then the bridge's tests;
-# a skipped test fails the run. Called by .ci/run after the core suite.
+# a skipped test fails the run. `install` or `test` does one half (.ci/run installs while the
+# core suite runs); no argument does both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv-trl
-find_links=()
-if [ -d /opt/wheels ]; then find_links=(--find-links /opt/wheels); fi  # local torch CPU wheel
-.venv-trl/bin/python -m pip install -q "${find_links[@]}" ".[trl]" -c .ci/constraints.txt \
-    -c .ci/constraints-trl.txt
-log=$(mktemp)
-.venv-trl/bin/python -m pytest -q -rs tests/test_trl_tokencredit.py | tee "$log"
-if grep -q "skipped" "$log"; then
+if [ "${1:-install}" = install ]; then
+  python3 -m venv .venv-trl
+  find_links=()
+  if [ -d /opt/wheels ]; then find_links=(--find-links /opt/wheels); fi  # local torch CPU wheel
+  .venv-trl/bin/python -m pip install -q "${find_links[@]}" ".[trl]" -c .ci/constraints.txt \
+      -c .ci/constraints-trl.txt
+fi
+if [ "${1:-test}" = test ]; then
+  .venv-trl/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_trl_tokencredit.py \
+    | tee .venv-trl/pytest.log
+  if grep -q skipped .venv-trl/pytest.log; then
     echo "trl-env.sh: a TRL bridge test was skipped (above); none may be" >&2
     exit 1
+  fi
 fi
