@@ -415,19 +415,26 @@ def graded_as_tester(tmp_path, tester) -> None:
         shutil.copytree(os.path.join(ROOT, name), kit / name)
     for name in ("tests/test_hidden.py", "tokencredit.py", "test_tokencredit.py"):
         shutil.copy(os.path.join(ROOT, name), kit / name)
-    attacks = ("a-zombie", "a-proc")  # those that reach past their own process
+    attacks = ("a-zombie", "a-leftover", "a-proc")  # those that reach past their own process
     before = write_class(tmp_path / "class", classmates=False, attacks=attacks)
+    (tmp_path / "class" / "a-bomb.py").write_text(BASE + FORK_BOMB)  # tester's uid, not root's
+    before["a-bomb.py"] = (tmp_path / "class" / "a-bomb.py").read_bytes()
+    (tmp_path / "bin").mkdir()  # no bwrap on this PATH
     for path in [tmp_path, *tmp_path.rglob("*")]:
         os.lchown(path, tester.pw_uid, tester.pw_gid)
-    done = as_tester([PY, "-m", "course", "grade-all", str(tmp_path / "class"), "--set", "grpo",
-                      "--seed", str(SEED), "--csv",
-                      str(tmp_path / "grades.csv")], kit)
-    assert done.returncode == 0, done
+    grade_all = [PY, "-m", "course", "grade-all", str(tmp_path / "class"), "--set", "grpo",
+                 "--seed", str(SEED), "--csv", str(tmp_path / "grades.csv")]
+    refused = as_tester(["/usr/bin/env", f"PATH={tmp_path / 'bin'}"] + grade_all, kit)
+    assert refused.returncode != 0 and b"--no-sandbox-ok" in refused.stderr, refused
+    done = as_tester(grade_all, kit)
+    assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done
     rows = rows_of(tmp_path / "grades.csv")
     assert rows["zz-correct"]["total"] == "30.00" and rows["zz-blank"]["total"] == "0.00"
     assert rows["zz-plant"]["total"] == "23.00"
-    assert all(rows[name]["total"] == "0.00" for name in attacks), rows
-    after = {p.name: p.read_bytes() for p in (tmp_path / "class").iterdir()}
+    assert all(rows[name]["total"] == "0.00" for name in attacks + ("a-bomb",)), rows
+    inside = [int(n) for n in re.findall(r"saw (\d+) processes", rows["a-bomb"]["notes"])]
+    assert inside and max(inside) <= grading.LIMITS["processes"] + 3, rows["a-bomb"]["notes"]
+    after = {p.name: p.read_bytes() for p in (tmp_path / "class").iterdir() if p.is_file()}
     assert after == before
 
 
