@@ -120,7 +120,8 @@ def closed_to(path: str, uid: int):
 # Run as root by sandbox_argv(..., uid): bwrap resolves what it binds as the uid it runs as, and
 # that uid may not reach this Python (under /root, mode 700). So, in a mount namespace of its
 # own, a tmpfs (mode 755) covers each folder it cannot search and the paths bwrap needs under it
-# are bound back from descriptors opened before; then uid, its gid and no other group, and bwrap.
+# are bound back from descriptors opened before the tmpfs hid them; then uid, its gid and no other
+# group, and bwrap. (bwrap's --ro-bind-fd does not help: it resolves /proc/self/fd/N to the path.)
 ENTER = """
 import ctypes, json, os, sys
 uid, plan, argv = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:]
@@ -130,14 +131,15 @@ def check(result, what):
         raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 if plan["over"]:
     check(libc.unshare(0x20000), "unshare(CLONE_NEWNS)")
-    check(libc.mount(None, b"/", None, 0x44000, None), "mount --make-rprivate /")
+    check(libc.mount(None, b"/", None, 0x44000, None), "mount --make-rprivate /")  # REC|PRIVATE
     fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in plan["paths"]]  # in this namespace
     for folder in plan["over"]:
-        check(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 6, b"mode=755"), "tmpfs " + folder)
+        check(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 6, b"mode=755"),  # NOSUID|NODEV
+              "tmpfs " + folder)
     for fd, path in zip(fds, plan["paths"]):
         os.makedirs(path, exist_ok=True)
         check(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, 0x5000, None),
-              "bind " + path)
+              "bind " + path)  # BIND|REC
         os.close(fd)
 os.setgroups([])
 os.setgid(uid)
