@@ -10,10 +10,11 @@ tmpfs as its only writable folder, read-only views of /usr, the Python and the c
 nothing else (no class folder, no tests, no reference, only its own /proc). When a batch of jobs
 (one submission, or the reference's check) is done the driver says "end", and each worker that
 used its sandbox kills it whole (its PID 1, so every process in it) and starts a fresh one. As
-root each sandbox also runs under a uid of its own (SANDBOX_UID + n) where that uid can read the
-Python. Without bwrap the report and the CSV say "no sandbox" and grade-all refuses unless
---no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py): each
-message whole by its test's deadline, its header parsed only under 2 MB, its text escaped here.
+root each sandbox also runs under a uid of its own (SANDBOX_UID + n), so that the process limit
+binds (root is exempt), even where that uid cannot reach the Python (ENTER). Without bwrap the
+report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a child
+sends is bounded (course/judge.py, course/protocol.py): each message whole by its test's
+deadline, its header parsed only under 2 MB, its text escaped here.
 """
 
 import hashlib
@@ -75,10 +76,12 @@ def sha(*parts) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def sandbox_argv(code_dir: str, disk_mb: int) -> list:
+def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
     """bwrap's command line: new namespaces (user, PID, mount, network, IPC, UTS, cgroup), killed
     with its parent, no new user namespace inside; read-only /usr, this Python and code_dir (as
-    /course); a tmpfs of disk_mb at /tmp, the only place it can write; its own /proc and /dev."""
+    /course); a tmpfs of disk_mb at /tmp, the only place it can write; its own /proc and /dev.
+    With uid (as root), ENTER's command line that starts it as uid, the outside uid that the
+    sandbox's user maps to."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr",
             "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
@@ -90,20 +93,72 @@ def sandbox_argv(code_dir: str, disk_mb: int) -> list:
     for path in sorted({q for p in pythons if os.path.isdir(p) for q in (p, os.path.realpath(p))
                         if not q.startswith("/usr/")}):
         argv += ["--ro-bind", path, path]
-    return argv + ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
-                   "--chdir", "/tmp"]
+    argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
+             "--chdir", "/tmp"]
+    if uid is None:
+        return argv
+    sources = {os.path.realpath(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind"}
+    over = {p: closed_to(p, uid) for p in sources}
+    paths = sorted(p for p in sources if over[p] and not any(
+        q != p and over[q] and p.startswith(q.rstrip("/") + "/") for q in sources))
+    return [sys.executable, "-I", "-S", "-c", ENTER, str(uid),
+            json.dumps(dict(over=sorted({over[p] for p in paths}), paths=paths))] + argv
+
+
+def closed_to(path: str, uid: int):
+    """The first folder above path that uid (with gid uid, no other group) cannot search, or
+    None."""
+    parts = os.path.realpath(path).split("/")[1:-1]
+    for n in range(len(parts) + 1):
+        folder = "/" + "/".join(parts[:n])
+        st = os.stat(folder)
+        if not st.st_mode & (0o100 if st.st_uid == uid else 0o010 if st.st_gid == uid else 0o001):
+            return folder
+    return None
+
+
+# Run as root by sandbox_argv(..., uid): bwrap resolves what it binds as the uid it runs as, and
+# that uid may not reach this Python (under /root, mode 700). So, in a mount namespace of its
+# own, a tmpfs (mode 755) covers each folder it cannot search and the paths bwrap needs under it
+# are bound back from descriptors opened before the tmpfs hid them; then uid, its gid and no other
+# group, and bwrap. (bwrap's --ro-bind-fd does not help: it resolves /proc/self/fd/N to the path.)
+ENTER = """
+import ctypes, json, os, sys
+uid, plan, argv = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:]
+libc = ctypes.CDLL(None, use_errno=True)
+def check(result, what):
+    if result != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+if plan["over"]:
+    check(libc.unshare(0x20000), "unshare(CLONE_NEWNS)")
+    check(libc.mount(None, b"/", None, 0x44000, None), "mount --make-rprivate /")  # REC|PRIVATE
+    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in plan["paths"]]  # in this namespace
+    for folder in plan["over"]:
+        check(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 6, b"mode=755"),  # NOSUID|NODEV
+              "tmpfs " + folder)
+    for fd, path in zip(fds, plan["paths"]):
+        os.makedirs(path, exist_ok=True)
+        check(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, 0x5000, None),
+              "bind " + path)  # BIND|REC
+        os.close(fd)
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+os.execvp(argv[0], argv)
+"""
 
 
 def find_sandbox():
     """{"uid": the first sandbox's uid, or None to keep the grader's} if bwrap runs this Python
-    here (as root, under a uid of its own where that uid can read the Python); else None."""
+    here (as root, under a uid of its own, else under root); else None."""
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
             try:
-                subprocess.run(sandbox_argv(code, 1) + [sys.executable, "-E", "-s", "-c", "pass"],
-                               user=uid, group=uid, extra_groups=[] if uid else None, check=True,
-                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+                subprocess.run(sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c",
+                                                             "pass"],
+                               check=True, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=60)
                 return dict(uid=uid)
             except (OSError, subprocess.SubprocessError):
                 continue

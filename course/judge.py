@@ -277,17 +277,16 @@ class Zygote:
         if self.process is not None:
             self.close(keep_dir=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
-        box = [] if self.sandbox is None else sandbox_argv(self.dir, self.limits["disk_mb"])
+        uid = self.sandbox and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 100000
+        box = [] if self.sandbox is None else sandbox_argv(self.dir, self.limits["disk_mb"], uid)
         code, work = ("/course", "/tmp") if box else (self.dir, self.dir)
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LANG="C.UTF-8", HOME=work)  # all it gets
         argv = box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
                       str(theirs.fileno()), work]
-        uid = box and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 100000
         self.started += 1
-        self.process = subprocess.Popen(
-            argv, pass_fds=[theirs.fileno()], cwd=self.dir, env=env, user=uid or None,
-            group=uid or None, extra_groups=[] if uid else None, stdin=subprocess.DEVNULL,
+        self.process = subprocess.Popen(  # as uid, sandbox_argv's first program sees to it
+            argv, pass_fds=[theirs.fileno()], cwd=self.dir, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
         self.control, self.buffer, self.exits, self.used = ours, b"", {}, False

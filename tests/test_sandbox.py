@@ -12,6 +12,7 @@ import os
 import pathlib
 import platform
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -128,6 +129,37 @@ print("at load \\udcff")
 }
 
 
+# forks without end (each process forks again at once) for 30 s; its own cap of 100 processes,
+# should the process limit fail, keeps it from hurting the machine (a check and a fork race, so up
+# to twice that); then says the most processes its sandbox's /proc showed
+FORK_BOMB = '''
+import os as _os, time as _time
+def _count():
+    return len([_p for _p in _os.listdir("/proc") if _p.isdigit()])
+try:
+    _leader = _os.fork()
+except OSError:  # a later exercise in the same sandbox: the first one's bomb is still there
+    _leader = 1
+if _leader == 0:
+    _os.setsid()  # out of the child's process group, which the judge kills
+    _end = _time.time() + 30
+    while _time.time() < _end:
+        try:
+            if _count() < 100:
+                _os.fork()
+                continue
+        except OSError:
+            pass
+        _time.sleep(0.2)
+    _os._exit(0)
+_time.sleep(4)
+_seen = max(_count() for _ in range(5) if not _time.sleep(0.2))
+raise ValueError(f"saw {_seen} processes")
+'''
+CORRECT = REFERENCE.replace(  # correct, and run: not a copy of the reference
+    "\ndef group_advantages(", "\n_differs = 1\n\n\ndef group_advantages(")
+
+
 def run(*args, timeout=900, **kwargs):
     return subprocess.run([PY, "-m", "course", *map(str, args)], cwd=kwargs.pop("cwd", ROOT),
                           capture_output=True, timeout=timeout, **kwargs)
@@ -149,8 +181,7 @@ def write_class(folder, classmates=True, attacks=tuple(ATTACKS)) -> dict:
         (folder / "....py").write_text(BASE)
         (folder / "b-linkdir").mkdir()
         (folder / "b-linkdir" / "tokencredit.py").symlink_to(folder / "zz-correct.py")
-    (folder / "zz-correct.py").write_text(REFERENCE.replace(  # correct, and run: not a copy
-        "\ndef group_advantages(", "\n_differs = 1\n\n\ndef group_advantages("))
+    (folder / "zz-correct.py").write_text(CORRECT)
     (folder / "zz-blank.py").write_text(BASE)
     (folder / "zz-plant.py").write_text(source.apply_edits(REFERENCE, PLANT[2]))
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and
@@ -268,6 +299,85 @@ def test_the_bundle_refuses_or_cuts_each_file_attack(tmp_path):
     assert got["score"] == 0 and "\\udc80" in json.dumps(got)
 
 
+def students_processes(pid: int) -> dict:
+    """{(pid, start time): real uid} of pid's descendants that run the student's side (the
+    zygotes, their children and all they fork: child.py's command line, not bwrap's or the one
+    that starts it), as the host sees them."""
+    out, todo = {}, [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            if parent == pid:
+                continue
+            with open(f"/proc/{parent}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if b"/course/child.py" not in args or b"bwrap" in args:  # bwrap, and root's ENTER
+                continue
+            with open(f"/proc/{parent}/stat") as f:
+                start = f.read().rsplit(")", 1)[1].split()[19]
+            with open(f"/proc/{parent}/status") as f:
+                uid = next(int(ln.split()[1]) for ln in f if ln.startswith("Uid:"))
+            out[(parent, start)] = uid
+        except (OSError, StopIteration, IndexError):
+            continue  # gone meanwhile
+    return out
+
+
+def alive(process) -> bool:
+    pid, start = process
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19] == start
+    except OSError:
+        return False
+
+
+def test_a_fork_bomb_is_held_to_the_process_limit_and_its_uid_is_not_root(tmp_path):
+    """A submission that forks without end stays within the process limit (RLIMIT_NPROC binds:
+    its sandbox's user is not root outside), a correct classmate graded after it in the same
+    grade-all keeps full marks, and none of its processes outlives the grade."""
+    (tmp_path / "class").mkdir()
+    (tmp_path / "class" / "a-bomb.py").write_text(BASE + FORK_BOMB)
+    (tmp_path / "class" / "zz-correct.py").write_text(CORRECT)
+    seen, most = {}, 0  # every student-side process seen; the most of one uid at once
+    with open(tmp_path / "said", "wb") as said:
+        grading_all = subprocess.Popen(
+            [PY, "-m", "course", "grade-all", tmp_path / "class", "--set", "grpo", "--seed",
+             str(SEED), "--csv", tmp_path / "g.csv"], cwd=ROOT, stdout=said,
+            stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 900
+            while grading_all.poll() is None and time.monotonic() < deadline:
+                now = students_processes(grading_all.pid)
+                seen.update(now)
+                uids = list(now.values())
+                most = max([most] + [uids.count(u) for u in set(uids)])
+                time.sleep(0.25)
+        finally:
+            grading_all.kill()
+            grading_all.wait()
+    assert grading_all.returncode == 0, (tmp_path / "said").read_text()
+    gone = time.monotonic() + 10  # killed with their sandboxes; a few seconds to exit, reaped
+    while [p for p in seen if alive(p)] and time.monotonic() < gone:
+        time.sleep(0.5)
+    assert not [p for p in seen if alive(p)]
+    rows = rows_of(tmp_path / "g.csv")
+    assert rows["zz-correct"]["total"] == "30.00", rows["zz-correct"]
+    assert rows["a-bomb"]["total"] == "0.00"
+    inside = [int(n) for n in re.findall(r"saw (\d+) processes", rows["a-bomb"]["notes"])]
+    # the limit binds the student's forks; the zygote's (one child per exercise, 3) do not count
+    limit = grading.LIMITS["processes"] + 3
+    assert inside and max(inside) <= limit, rows["a-bomb"]["notes"]  # its own cap is 100
+    assert 40 <= most <= limit, most  # the host's count agrees: it forked, up to the limit
+    uids = set(seen.values())
+    assert uids and 0 not in uids, uids  # os.getuid() in the sandbox, seen from outside
+    if os.geteuid() == 0:
+        assert min(uids) >= grading.SANDBOX_UID, uids
+
+
 def as_tester(command: list, home) -> subprocess.CompletedProcess:
     """command as the ordinary user `tester`, in a mount namespace where this Python (under
     /root here) is visible to it."""
@@ -305,19 +415,26 @@ def graded_as_tester(tmp_path, tester) -> None:
         shutil.copytree(os.path.join(ROOT, name), kit / name)
     for name in ("tests/test_hidden.py", "tokencredit.py", "test_tokencredit.py"):
         shutil.copy(os.path.join(ROOT, name), kit / name)
-    attacks = ("a-zombie", "a-proc")  # those that reach past their own process
+    attacks = ("a-zombie", "a-leftover", "a-proc")  # those that reach past their own process
     before = write_class(tmp_path / "class", classmates=False, attacks=attacks)
+    (tmp_path / "class" / "a-bomb.py").write_text(BASE + FORK_BOMB)  # tester's uid, not root's
+    before["a-bomb.py"] = (tmp_path / "class" / "a-bomb.py").read_bytes()
+    (tmp_path / "bin").mkdir()  # no bwrap on this PATH
     for path in [tmp_path, *tmp_path.rglob("*")]:
         os.lchown(path, tester.pw_uid, tester.pw_gid)
-    done = as_tester([PY, "-m", "course", "grade-all", str(tmp_path / "class"), "--set", "grpo",
-                      "--seed", str(SEED), "--csv",
-                      str(tmp_path / "grades.csv")], kit)
-    assert done.returncode == 0, done
+    grade_all = [PY, "-m", "course", "grade-all", str(tmp_path / "class"), "--set", "grpo",
+                 "--seed", str(SEED), "--csv", str(tmp_path / "grades.csv")]
+    refused = as_tester(["/usr/bin/env", f"PATH={tmp_path / 'bin'}"] + grade_all, kit)
+    assert refused.returncode != 0 and b"--no-sandbox-ok" in refused.stderr, refused
+    done = as_tester(grade_all, kit)
+    assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done
     rows = rows_of(tmp_path / "grades.csv")
     assert rows["zz-correct"]["total"] == "30.00" and rows["zz-blank"]["total"] == "0.00"
     assert rows["zz-plant"]["total"] == "23.00"
-    assert all(rows[name]["total"] == "0.00" for name in attacks), rows
-    after = {p.name: p.read_bytes() for p in (tmp_path / "class").iterdir()}
+    assert all(rows[name]["total"] == "0.00" for name in attacks + ("a-bomb",)), rows
+    inside = [int(n) for n in re.findall(r"saw (\d+) processes", rows["a-bomb"]["notes"])]
+    assert inside and max(inside) <= grading.LIMITS["processes"] + 3, rows["a-bomb"]["notes"]
+    after = {p.name: p.read_bytes() for p in (tmp_path / "class").iterdir() if p.is_file()}
     assert after == before
 
 
