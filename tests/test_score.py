@@ -300,18 +300,70 @@ def test_every_plant_costs_the_same_on_every_seed(grader):
         assert (got[0] < sum(EXERCISES[k][1].values())) == (what in mistakes), (what, got)
 
 
+def official_tests() -> dict:
+    """{test as the judge names it: (its function, its parameters)}: tests/test_official.py, as
+    pytest collects it (run as a script, not inside a pytest session)."""
+    class Collect:
+        items = []
+
+        def pytest_collection_finish(self, session):
+            self.items = list(session.items)
+    found = Collect()
+    pytest.main(["-q", "--collect-only", "-p", "no:cacheprovider", "-p", "no:randomly",
+                 os.path.join(ROOT, grading.OFFICIAL)], plugins=[found])
+    return {item.nodeid.split("::", 1)[1]: (item.obj, item.callspec.params if hasattr(
+        item, "callspec") else {}) for item in found.items}
+
+
+def failures_in_process(tests: dict, text: str, seed: int) -> dict:
+    """{test: None or why}: the official set's tests on `text`, in this process, at `seed`."""
+    import types
+    plant = types.ModuleType("tokencredit")
+    exec(compile(text, "tokencredit.py", "exec"), plant.__dict__)
+    os.environ["TOKENCREDIT_SEED"] = str(seed)
+    out = {}
+    for name, (test, params) in tests.items():
+        test.__globals__["tc"] = plant
+        try:
+            test(**params)
+            out[name] = None
+        except Exception as error:  # noqa: BLE001 -- a failure
+            out[name] = repr(error)[:300] or "failed"
+    return out
+
+
 def main(n: int) -> None:
     """The note's table: each plant's own exercise over n seeds, officially (min, max, the
-    distinct values) and in a handout (set all, its seed 0)."""
+    distinct values) and in a handout (set all, its seed 0). Officially: the grader at seed 0
+    (bubblewrap, the judge), then seeds 1 to n - 1 with only tests/test_official.py's tests run
+    again in this process (the others draw nothing from the seed) and scored by score(); at seed
+    0 the in-process run must agree with the grader's test by test, or this stops."""
+    import time
     from course.handout import write_handout
+    started = time.monotonic()
     mapping = grading.test_map(REFERENCE)
-    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, SLOW, secret=SECRET)
+    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), 0, SLOW)
+    tests, table = official_tests(), {}
     try:
-        table = spread(official, MISTAKES + CORRECT, range(n))
+        for k, what, edits in MISTAKES + CORRECT:
+            text = source.apply_edits(REFERENCE, edits)
+            row, = official.grade(text, f"{what}.py", only=[k])
+            base = {t: row["failed"].get(t) for t in official.tests_of(k)}
+            got = [row["points"]]
+            for seed in range(n):
+                mine = failures_in_process(tests, text, seed)
+                if seed == 0:
+                    differ = [t for t in base if t in mine and bool(mine[t]) != bool(base[t])]
+                    assert not differ and not row["limit"], (what, differ, row["limit"])
+                    continue
+                results = {t: mine[t] if t in mine else f for t, f in base.items()}
+                got.append(grading.score(official.plan[k], k, dict(results=results, error=None),
+                                         mapping["kinds"], official.limits)["points"])
+            table[what] = (k, got)
     finally:
         official.close()
     with tempfile.TemporaryDirectory() as tmp:
-        write_handout(os.path.join(tmp, "h"), "all", False, REFERENCE, mapping)
+        write_handout(os.path.join(tmp, "h"), "all", False, REFERENCE)
         saved = json.loads(grading.read(os.path.join(tmp, "h", grading.MAP_FILE)))
         handout = grading.Grader(None, saved, list(EXERCISES), 0, SLOW,
                                  tests=grading.test_files(os.path.join(tmp, "h")))
@@ -326,6 +378,7 @@ def main(n: int) -> None:
     for what, (k, got) in table.items():
         print(f"| {what} | {k} | {min(got):g} | {max(got):g} | {len(set(got))} | "
               f"{theirs[what]:g} | {'yes' if set(got) == {theirs[what]} else 'NO'} |")
+    print(f"{len(table)} plants and correct variants in {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":
