@@ -236,13 +236,11 @@ def test_a_mistake_found_on_some_draws_only_still_gets_one_score_on_every_route(
     assert points == [mine] * len(points), points
 
 
-def test_the_reference_passes_the_official_hidden_set_on_every_seed(monkeypatch):
-    """In-process, no grader: every test of tests/test_official.py on the reference at seeds
-    1 to 5 (CI's pytest runs seed 0; 1,000 seeds passed when it was written). The grader counts
-    a fresh test the reference would fail against the student: none may."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    official = importlib.import_module("test_official")
-    tests = []
+def official_tests() -> dict:
+    """{test as the judge names it: (its function, its parameters)}: tests/test_official.py's,
+    each parametrized case by pytest's id (the closest decorator's value first)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    official, out = importlib.import_module("test_official"), {}
     for name, test in vars(official).items():
         if name.startswith("test_") and callable(test):
             cases = [{}]
@@ -250,17 +248,49 @@ def test_the_reference_passes_the_official_hidden_set_on_every_seed(monkeypatch)
                 if mark.name == "parametrize":
                     arg, values = mark.args
                     cases = [dict(c, **{arg: v}) for c in cases for v in values]
-            tests += [(name, test, c) for c in cases]
-    assert len(tests) > 40
-    failed = []
-    for seed in range(1, 6):
-        monkeypatch.setenv("TOKENCREDIT_SEED", str(seed))
-        for name, test, case in tests:
+            for case in cases:
+                out[name + (f"[{'-'.join(map(str, case.values()))}]" if case else "")] = (
+                    test, case)
+    return out
+
+
+def failures_in_process(tests: dict, text, seed: int) -> dict:
+    """{test: None, or why it failed}: the official set on `text` (None: the reference) in this
+    process, at `seed`: no grader, no judge."""
+    import types
+    module = next(iter(tests.values()))[0].__globals__  # test_official's: its `tc`
+    keep, was = module["tc"], os.environ.get("TOKENCREDIT_SEED")
+    plant = keep
+    if text is not None:
+        plant = types.ModuleType("tokencredit")
+        exec(compile(text, "tokencredit.py", "exec"), plant.__dict__)
+    out = {}
+    try:
+        os.environ["TOKENCREDIT_SEED"], module["tc"] = str(seed), plant
+        for name, (test, case) in tests.items():
             try:
                 test(**case)
-            except Exception as error:  # noqa: BLE001 -- a failure: named below
-                failed.append((seed, name, case, repr(error)[:200]))
-    assert failed == []
+                out[name] = None
+            except Exception as error:  # noqa: BLE001 -- a failure, said in the value
+                out[name] = repr(error)[:300]
+    finally:
+        module["tc"] = keep
+        if was is None:
+            os.environ.pop("TOKENCREDIT_SEED", None)
+        else:
+            os.environ["TOKENCREDIT_SEED"] = was
+    return out
+
+
+def test_the_reference_passes_the_official_hidden_set_on_every_seed():
+    """In-process, no grader: every test of tests/test_official.py on the reference at seeds
+    1 to 5 (CI's pytest runs seed 0; 1,000 seeds passed when it was written). There is no
+    second chance: a fresh test the reference failed would count against the student."""
+    tests = official_tests()
+    assert len(tests) > 40 and set(tests) <= set(grading.test_map(REFERENCE)["tests"])
+    failed = {(seed, t): why for seed in range(1, 6)
+              for t, why in failures_in_process(tests, None, seed).items() if why}
+    assert failed == {}
 
 
 HIDDEN_SHA = "8b5d95215574dc95e8d1f647d5fba363fd704a68d3a8ad4467bc31d6e28397dc"  # 4e1634f's
@@ -279,87 +309,53 @@ def test_a_handout_carries_the_students_hidden_set_as_it_was_and_not_the_officia
     assert "test_official" not in (out / grading.MAP_FILE).read_text()
 
 
-def spread(grader, plants, seeds) -> dict:
-    """{what: (exercise, [its points on each seed])}: each plant's own exercise, officially."""
-    out = {}
-    for k, what, edits in plants:
-        text, got = source.apply_edits(REFERENCE, edits), []
-        for seed in seeds:
-            grader.seed = seed
-            got.append(grader.grade(text, f"{what}.py", only=[k])[0]["points"])
-        out[what] = (k, got)
-    grader.seed = None
-    return out
+def points_on_seeds(grader, k: int, text: str, tests: dict, seeds) -> list:
+    """Exercise k's official points on each seed: the grader at the first (bubblewrap, the
+    judge), the others with only tests/test_official.py run again in this process and scored by
+    score() (the other tests draw nothing from the seed). At the first seed the in-process run
+    must fail the same tests as the grader, or this stops."""
+    grader.seed = seeds[0]
+    try:
+        row, = grader.grade(text, only=[k])
+    finally:
+        grader.seed = None
+    base = {t: row["failed"].get(t) for t in grader.tests_of(k)}
+    mine = failures_in_process(tests, text, seeds[0])
+    differ = [t for t in base if t in mine and bool(mine[t]) != bool(base[t])]
+    assert not differ and not row["limit"], (k, differ, row["limit"])
+    got = [row["points"]]
+    for seed in seeds[1:]:
+        mine = failures_in_process(tests, text, seed)
+        results = {t: mine[t] if t in mine else why for t, why in base.items()}
+        got.append(grading.score(grader.plan[k], k, dict(results=results, error=None),
+                                 grader.mapping["kinds"], grader.limits)["points"])
+    return got
 
 
 def test_every_plant_costs_the_same_on_every_seed(grader):
-    """CI's two seeds; `python tests/test_score.py 20` gives the note's twenty."""
-    mistakes = {what for _, what, _ in MISTAKES}
-    for what, (k, got) in spread(grader, MISTAKES + CORRECT, (0, 1)).items():
+    """Each plant and correct variant at seeds 0, 1 and 2 (points_on_seeds: one graded run, the
+    other seeds in this process); `python tests/test_score.py 20` gives the note's twenty."""
+    mistakes, tests = {what for _, what, _ in MISTAKES}, official_tests()
+    for k, what, edits in MISTAKES + CORRECT:
+        got = points_on_seeds(grader, k, source.apply_edits(REFERENCE, edits), tests, (0, 1, 2))
         assert len(set(got)) == 1, (what, got)
         assert (got[0] < sum(EXERCISES[k][1].values())) == (what in mistakes), (what, got)
 
 
-def official_tests() -> dict:
-    """{test as the judge names it: (its function, its parameters)}: tests/test_official.py, as
-    pytest collects it (run as a script, not inside a pytest session)."""
-    class Collect:
-        items = []
-
-        def pytest_collection_finish(self, session):
-            self.items = list(session.items)
-    found = Collect()
-    pytest.main(["-q", "--collect-only", "-p", "no:cacheprovider", "-p", "no:randomly",
-                 os.path.join(ROOT, grading.OFFICIAL)], plugins=[found])
-    return {item.nodeid.split("::", 1)[1]: (item.obj, item.callspec.params if hasattr(
-        item, "callspec") else {}) for item in found.items}
-
-
-def failures_in_process(tests: dict, text: str, seed: int) -> dict:
-    """{test: None or why}: the official set's tests on `text`, in this process, at `seed`."""
-    import types
-    plant = types.ModuleType("tokencredit")
-    exec(compile(text, "tokencredit.py", "exec"), plant.__dict__)
-    os.environ["TOKENCREDIT_SEED"] = str(seed)
-    out = {}
-    for name, (test, params) in tests.items():
-        test.__globals__["tc"] = plant
-        try:
-            test(**params)
-            out[name] = None
-        except Exception as error:  # noqa: BLE001 -- a failure
-            out[name] = repr(error)[:300] or "failed"
-    return out
-
-
 def main(n: int) -> None:
     """The note's table: each plant's own exercise over n seeds, officially (min, max, the
-    distinct values) and in a handout (set all, its seed 0). Officially: the grader at seed 0
-    (bubblewrap, the judge), then seeds 1 to n - 1 with only tests/test_official.py's tests run
-    again in this process (the others draw nothing from the seed) and scored by score(); at seed
-    0 the in-process run must agree with the grader's test by test, or this stops."""
+    distinct values; points_on_seeds: the grader at seed 0, seeds 1 to n - 1 in this process) and
+    in a handout (set all, its seed 0)."""
     import time
     from course.handout import write_handout
     started = time.monotonic()
-    mapping = grading.test_map(REFERENCE)
-    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), 0, SLOW)
-    tests, table = official_tests(), {}
+    official = grading.Grader(REFERENCE, grading.test_map(REFERENCE), list(EXERCISES), None,
+                              SLOW)
+    tests = official_tests()
     try:
-        for k, what, edits in MISTAKES + CORRECT:
-            text = source.apply_edits(REFERENCE, edits)
-            row, = official.grade(text, f"{what}.py", only=[k])
-            base = {t: row["failed"].get(t) for t in official.tests_of(k)}
-            got = [row["points"]]
-            for seed in range(n):
-                mine = failures_in_process(tests, text, seed)
-                if seed == 0:
-                    differ = [t for t in base if t in mine and bool(mine[t]) != bool(base[t])]
-                    assert not differ and not row["limit"], (what, differ, row["limit"])
-                    continue
-                results = {t: mine[t] if t in mine else f for t, f in base.items()}
-                got.append(grading.score(official.plan[k], k, dict(results=results, error=None),
-                                         mapping["kinds"], official.limits)["points"])
-            table[what] = (k, got)
+        table = {what: (k, points_on_seeds(official, k, source.apply_edits(REFERENCE, edits),
+                                           tests, list(range(n))))
+                 for k, what, edits in MISTAKES + CORRECT}
     finally:
         official.close()
     with tempfile.TemporaryDirectory() as tmp:
