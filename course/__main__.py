@@ -18,8 +18,8 @@ process that never runs a student's code (course/judge.py).
 Official grades (grade PATH in the repository, grade-all, the bundle) put the student's exercise
 k beside the reference's other exercises, with the reference's exercise k blank, and check on
 fresh inputs drawn from the file's own seed, a hash of the file and the course's secret
-(tests/test_hidden.py). In a handout there is no reference: the student's file runs whole, at
-seed 0, with the loops' recorded outputs.
+(tests/test_official.py). In a handout there is no reference: the student's file runs whole, at
+seed 0, with the loops' recorded outputs and the students' tests/test_hidden.py.
 The written answers (written.txt, beside the file or in the folder) are read as text before the
 code runs, and their numbers graded against the table in course/written.py.
 """

@@ -1,7 +1,8 @@
 """The Gradescope bundle: what it carries, how it installs, how it grades.
 
 It carries the grader (course/ without the planted mistakes, the handout writer or selfcheck),
-the reference tokencredit.py (the other exercises of a submission run beside it), the tests, the
+the reference tokencredit.py (the other exercises of a submission run beside it), the tests (the
+official hidden set, tests/test_official.py, in place of the students' test_hidden.py), the
 map, and its configuration: the set, the secret that seeds each file's fresh inputs (or one seed
 for all) and the limits. setup.sh installs bubblewrap and what grading imports (CPU torch, numpy,
 pytest); the students' code then runs in bubblewrap sandboxes (course/grading.py), one process
@@ -13,7 +14,7 @@ import os
 import zipfile
 
 from .exercises import EXERCISES, SETS, points as exercise_points
-from .grading import (BUNDLE_FILE, HERE, HIDDEN, ROOT, TESTS, Grader, course_secret, map_key,
+from .grading import (BUNDLE_FILE, HERE, ROOT, Grader, course_secret, map_key,
                       read, sha, shown, test_files, test_map, find_student)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
@@ -71,8 +72,8 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
         z.writestr("course/exercises.py", strip_selfcheck(read(os.path.join(HERE,
                                                                            "exercises.py"))))
         z.write(os.path.join(ROOT, "tokencredit.py"), "tokencredit.py")
-        z.write(os.path.join(ROOT, TESTS), TESTS)
-        z.write(os.path.join(ROOT, HIDDEN), HIDDEN)
+        for path in tests.values():  # test_tokencredit.py and the official hidden set
+            z.write(path, os.path.relpath(path, ROOT))
         z.writestr(f".course-cache/map-{key[:16]}.json", json.dumps(body))
         z.writestr(BUNDLE_FILE, json.dumps(dict(set=set_name, seed=seed, secret=secret,
                                                 limits=limits)))

@@ -38,7 +38,8 @@ from .written import shown, walk
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
 TESTS = "test_tokencredit.py"
-HIDDEN = os.path.join("tests", "test_hidden.py")
+HIDDEN = os.path.join("tests", "test_hidden.py")  # the students' hidden set: a handout's
+OFFICIAL = os.path.join("tests", "test_official.py")  # the instructor's, in its place elsewhere
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
 SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
 BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret (or seed), limits
@@ -306,10 +307,13 @@ class Driver:
 # -----------------------------------------------------------------------------
 # the test map: which tests fail when one function is blank; computed once, kept in the cache
 
-def test_files(root=ROOT) -> dict:
-    """{name in the judge's folder: path}: the tests and, in a handout, the loops' outputs."""
+def test_files(root=ROOT, official=True) -> dict:
+    """{name in the judge's folder: path}: the tests; the official hidden set where root holds it
+    (the repository, a bundle) and official is true, else the students' (a handout's, whose map
+    the repository computes with official=False); in a handout, the loops' outputs."""
+    hidden = OFFICIAL if official and os.path.exists(os.path.join(root, OFFICIAL)) else HIDDEN
     out = {TESTS: os.path.join(root, TESTS)}
-    for extra in (HIDDEN, SNAPSHOTS):
+    for extra in (hidden, SNAPSHOTS):
         if os.path.exists(os.path.join(root, extra)):
             out[os.path.basename(extra)] = os.path.join(root, extra)
     return out
@@ -552,7 +556,6 @@ class Grader:
         self.tests, self.workers = tests or test_files(), workers
         self.driver = None
         self.plan = scheme(mapping, self.exercises, self.in_order)
-        self.reference_fails = {}  # (seed, fresh test): whether the reference fails it
         self.shapes = {}
 
     def start(self, workers=None) -> None:
@@ -628,42 +631,16 @@ class Grader:
                    else ran.pop(0) for k in exercises]
         for k, result in zip(exercises, results):
             result["blank"] = not_written(source, exercise_names(k))
-        seed = self.seed_for(source)
-        self.check_reference(results, seed)
         rows = []
-        for k, result in zip(exercises, results):
-            excluded = {t for (at, t), fails in self.reference_fails.items()
-                        if fails and at == seed}
-            plan = dict(self.plan[k], functions={n: [t for t in ts if t not in excluded]
-                                                 for n, ts in self.plan[k]["functions"].items()})
-            rows.append(score(plan, k, result, self.mapping["kinds"], self.limits))
+        for k, result in zip(exercises, results):  # the reference passes every fresh test on
+            # every seed (test_score checks it): a file's points depend on that file alone
+            rows.append(score(self.plan[k], k, result, self.mapping["kinds"], self.limits))
             if k in same:  # the public repository holds it: full marks, and a word for you
                 rows[-1]["notes"].append(SAME_NOTE)
         if self.in_order:
             cross_notes(rows, self.mapping, [j for j in self.exercises if j not in exercises
                                              and not_written(source, exercise_names(j))])
         return rows
-
-    def check_reference(self, results, seed: int) -> None:
-        """A fresh test a submission fails is run on the reference at its seed, once: if the
-        reference fails it too, it counts for no one at that seed."""
-        if self.reference is None:
-            return
-        failed = sorted({t for r in results for t, f in r["results"].items()
-                         if f and self.mapping["kinds"].get(t) == "fresh"
-                         and (seed, t) not in self.reference_fails})
-        if not failed:
-            return
-        self.start()
-        check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
-                                       reference=None, names=list(EXERCISE_OF), tests=failed,
-                                       limit=self.limits["time_s"] * 4, seed=seed)])
-        for t in failed:
-            self.reference_fails[(seed, t)] = bool(check["results"].get(t, "did not run"))
-        bad = [t for t in failed if self.reference_fails[(seed, t)]]
-        if bad:
-            print(f"course: seed {seed}: the reference fails {bad}; they count for no one",
-                  file=sys.stderr)
 
     def sandbox(self):
         """The sandbox the students' code runs in (find_sandbox's answer), or None."""

@@ -10,7 +10,8 @@ import shutil
 from . import written
 from .bundle import strip_selfcheck
 from .exercises import EXERCISES, SETS, names as exercise_names
-from .grading import HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_map
+from .grading import (HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_files,
+                      test_map)
 from .source import blank, code_part, functions, kept_statements, snapshot_tests, span
 
 # what a handout holds: not the other solutions, nor the pages that quote the code
@@ -22,7 +23,7 @@ COURSE_FILES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child
 LEFT_OUT = ("onestep.md", "tests/test_translation.py", "tokencredit_trl", "test_trl_tokencredit.py",
             "tokencredit_verl", "test_verl_plugin.py", "verl.md", "bench", "test_course.py",
             "test_docs.py", "test_train_tiny.py", "speed.md", "translation.md", "trl.md",
-            "paired-token.png", "README.md")
+            "paired-token.png", "README.md", "test_official.py")
 LAB_ANSWERS = (  # docs/lab.md's sections that answer a lab question: in the answers file only
     ("## Sample against token, seed by seed", 6),
     ("## Where does CSCR move credit?", 3),
@@ -104,8 +105,14 @@ def all_answers() -> list:
             + [written.answers_block()])
 
 
-def write_handout(out: str, set_name: str, answers: bool, reference: str, mapping: dict) -> None:
-    exercises = SETS[set_name]
+def handout_map(reference: str) -> dict:
+    """The map a handout carries: the students' tests (tests/test_hidden.py, not the official
+    set), so its snapshots are the loops' outputs on the inputs their copy draws."""
+    return test_map(reference, test_files(official=False))
+
+
+def write_handout(out: str, set_name: str, answers: bool, reference: str) -> None:
+    exercises, mapping = SETS[set_name], handout_map(reference)
     for name in HANDOUT:
         src, target = os.path.join(ROOT, name), os.path.join(out, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -158,9 +165,8 @@ def cmd_handout(out: str, set_name: str, answers: bool) -> None:
     if os.path.exists(os.path.join(ROOT, MAP_FILE)):
         raise SystemExit("course: make a handout from the repository, not from a handout")
     reference = read(os.path.join(ROOT, "tokencredit.py"))
-    mapping = test_map(reference)
-    write_handout(out, set_name, answers, reference, mapping)
-    plan = scheme(mapping, SETS[set_name], in_order=True)
+    write_handout(out, set_name, answers, reference)
+    plan = scheme(handout_map(reference), SETS[set_name], in_order=True)
     print(f"wrote {out}: exercises {', '.join(map(str, SETS[set_name]))} blank in tokencredit.py; "
           f"{len({t for p in plan.values() for ts in p['functions'].values() for t in ts})} "
           f"graded tests; the sheet "

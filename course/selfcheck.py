@@ -14,7 +14,7 @@ import time
 
 from .exercises import CORRECT, ENDLESS, EXERCISES, MISTAKES, SETS
 from .grading import MAP_FILE, ROOT, Grader, read, scheme, test_files, test_map
-from .handout import all_answers, new_folder, scan_handout, write_handout
+from .handout import all_answers, handout_map, new_folder, scan_handout, write_handout
 from .source import apply_edits, blank
 
 
@@ -101,24 +101,24 @@ def cmd_selfcheck() -> None:
     print(f"  {what}: costs exercise(s) {sorted(cost)}; the report says {said}")
     if list(cost) != [k] or "time limit (2 s per test)" not in said[0]:
         problems.append(f"{what} should cost exercise {k} only, named as a time limit: {rows}")
-    problems += check_handouts(reference, mapping, official)
+    problems += check_handouts(reference, official)
     for problem in problems:
         print("FAILED:", problem)
     print(f"selfcheck: {'FAILED' if problems else 'OK'} in {time.monotonic() - started:.0f} s")
     raise SystemExit(1 if problems else 0)
 
 
-def check_handouts(reference: str, mapping: dict, official: dict) -> list:
+def check_handouts(reference: str, official: dict) -> list:
     """Each set's handout: nothing that solves it; in order, full marks for what is written;
     and each plant's own exercise graded as the official grade grades it."""
     problems = []
-    answers = all_answers()
+    answers, mapping = all_answers(), handout_map(reference)
     if not answers:
         problems.append("docs/course.md holds no <details> answers")
     with tempfile.TemporaryDirectory(prefix="handout-") as tmp:
         for set_name, exercises in SETS.items():
             out = os.path.join(tmp, set_name)
-            write_handout(out, set_name, False, reference, mapping)
+            write_handout(out, set_name, False, reference)
             found = scan_handout(out, reference, exercises, answers)
             problems += [f"handout {set_name}: {p}" for p in found]
             problems += few_tests(scheme(mapping, exercises, True), f"handout {set_name}")
@@ -141,7 +141,7 @@ def check_handouts(reference: str, mapping: dict, official: dict) -> list:
             print(f"handout {set_name}: {len(found)} solution lines, loops, answers or pointers "
                   f"found; written in order, the totals are " + " -> ".join(said))
         out = os.path.join(tmp, "answers")
-        write_handout(out, "grpo", True, reference, mapping)
+        write_handout(out, "grpo", True, reference)
         sheet = read(os.path.join(out, "docs", "course.md"))
         if "<details>" not in sheet:
             problems.append("handout --answers: the sheet lacks answers")
@@ -149,7 +149,10 @@ def check_handouts(reference: str, mapping: dict, official: dict) -> list:
 
 
 def agree(grader, reference: str, official: dict) -> list:
-    """Each plant's own exercise: the handout's points and test counts against the official."""
+    """Each plant's own exercise: a mistake costs points in a handout and officially, a correct
+    variant none in either. The points themselves may differ: the official set
+    (tests/test_official.py) counts more tests and finds mistakes at every seed that the
+    students' tests/test_hidden.py finds only partly at seed 0 (test_score's table)."""
     problems = []
     print("each plant's own exercise, official grade against a handout's (set all):")
     for k, what, edits, kind in plants()[:-1]:
@@ -160,7 +163,7 @@ def agree(grader, reference: str, official: dict) -> list:
         print(f"  {what!r:50} exercise {k}: official {mine['points']:g} "
               f"({mine['passed']}/{mine['total']}), handout {row['points']:g} "
               f"({row['passed']}/{row['total']})")
-        if (row["points"], row["total"]) != (mine["points"], mine["total"]):
+        if (row["points"] < row["max"]) != (mine["points"] < mine["max"]):
             problems.append(f"{what!r}: exercise {k} gets {row['points']} in a handout and "
                             f"{mine['points']} officially")
     return problems

@@ -422,6 +422,7 @@ def run_bundle(root, text) -> dict:
 def test_the_bundle_carries_no_plants_and_installs_only_what_grading_imports(bundle):
     tmp, root, files = bundle
     assert "course/selfcheck.py" not in files and "course/handout.py" not in files
+    assert grading.OFFICIAL in files and grading.HIDDEN not in files  # it grades as the repository
     text = (root / "source" / "course" / "exercises.py").read_text()
     assert "MISTAKES = ()" in text and "sign flip" not in text
     assert "QUESTIONS = ()" not in (root / "source" / "course" / "written.py").read_text()

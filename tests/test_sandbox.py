@@ -413,7 +413,7 @@ def graded_as_tester(tmp_path, tester) -> None:
     (kit / "tests").mkdir(parents=True)
     for name in ("course", ".course-cache"):
         shutil.copytree(os.path.join(ROOT, name), kit / name)
-    for name in ("tests/test_hidden.py", "tokencredit.py", "test_tokencredit.py"):
+    for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
         shutil.copy(os.path.join(ROOT, name), kit / name)
     attacks = ("a-zombie", "a-leftover", "a-proc")  # those that reach past their own process
     before = write_class(tmp_path / "class", classmates=False, attacks=attacks)

@@ -11,6 +11,8 @@ how many times each route grades the same file.
 
 import ast
 import csv
+import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -234,39 +236,130 @@ def test_a_mistake_found_on_some_draws_only_still_gets_one_score_on_every_route(
     assert points == [mine] * len(points), points
 
 
-def spread(grader, plants, seeds) -> dict:
-    """{what: (exercise, [its points on each seed])}: each plant's own exercise, officially."""
-    out = {}
-    for k, what, edits in plants:
-        text, got = source.apply_edits(REFERENCE, edits), []
-        for seed in seeds:
-            grader.seed = seed
-            got.append(grader.grade(text, f"{what}.py", only=[k])[0]["points"])
-        out[what] = (k, got)
-    grader.seed = None
+def official_tests() -> dict:
+    """{test as the judge names it: (its function, its parameters)}: tests/test_official.py's,
+    each parametrized case by pytest's id (the closest decorator's value first)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    official, out = importlib.import_module("test_official"), {}
+    for name, test in vars(official).items():
+        if name.startswith("test_") and callable(test):
+            cases = [{}]
+            for mark in getattr(test, "pytestmark", []):
+                if mark.name == "parametrize":
+                    arg, values = mark.args
+                    cases = [dict(c, **{arg: v}) for c in cases for v in values]
+            for case in cases:
+                out[name + (f"[{'-'.join(map(str, case.values()))}]" if case else "")] = (
+                    test, case)
     return out
 
 
+def failures_in_process(tests: dict, text, seed: int) -> dict:
+    """{test: None, or why it failed}: the official set on `text` (None: the reference) in this
+    process, at `seed`: no grader, no judge."""
+    import types
+    module = next(iter(tests.values()))[0].__globals__  # test_official's: its `tc`
+    keep, was = module["tc"], os.environ.get("TOKENCREDIT_SEED")
+    plant = keep
+    if text is not None:
+        plant = types.ModuleType("tokencredit")
+        exec(compile(text, "tokencredit.py", "exec"), plant.__dict__)
+    out = {}
+    try:
+        os.environ["TOKENCREDIT_SEED"], module["tc"] = str(seed), plant
+        for name, (test, case) in tests.items():
+            try:
+                test(**case)
+                out[name] = None
+            except Exception as error:  # noqa: BLE001 -- a failure, said in the value
+                out[name] = repr(error)[:300]
+    finally:
+        module["tc"] = keep
+        if was is None:
+            os.environ.pop("TOKENCREDIT_SEED", None)
+        else:
+            os.environ["TOKENCREDIT_SEED"] = was
+    return out
+
+
+def test_the_reference_passes_the_official_hidden_set_on_every_seed():
+    """In-process, no grader: every test of tests/test_official.py on the reference at seeds
+    1 to 5 (CI's pytest runs seed 0; 1,000 seeds passed when it was written). There is no
+    second chance: a fresh test the reference failed would count against the student."""
+    tests = official_tests()
+    assert len(tests) > 40 and set(tests) <= set(grading.test_map(REFERENCE)["tests"])
+    failed = {(seed, t): why for seed in range(1, 6)
+              for t, why in failures_in_process(tests, None, seed).items() if why}
+    assert failed == {}
+
+
+HIDDEN_SHA = "8b5d95215574dc95e8d1f647d5fba363fd704a68d3a8ad4467bc31d6e28397dc"  # 4e1634f's
+
+
+def test_a_handout_carries_the_students_hidden_set_as_it_was_and_not_the_official(tmp_path):
+    """Issue 42: the student's side does not change. The official set stays out of it."""
+    out = tmp_path / "h"
+    done = subprocess.run([PY, "-m", "course", "handout", str(out), "--set", "grpo"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    held = hashlib.sha256((out / grading.HIDDEN).read_bytes()).hexdigest()
+    assert held == HIDDEN_SHA
+    assert not (out / grading.OFFICIAL).exists()
+    assert not [p for p in out.rglob("*") if "official" in p.name]
+    assert "test_official" not in (out / grading.MAP_FILE).read_text()
+
+
+def points_on_seeds(grader, k: int, text: str, tests: dict, seeds) -> list:
+    """Exercise k's official points on each seed: the grader at the first (bubblewrap, the
+    judge), the others with only tests/test_official.py run again in this process and scored by
+    score() (the other tests draw nothing from the seed). At the first seed the in-process run
+    must fail the same tests as the grader, or this stops."""
+    grader.seed = seeds[0]
+    try:
+        row, = grader.grade(text, only=[k])
+    finally:
+        grader.seed = None
+    base = {t: row["failed"].get(t) for t in grader.tests_of(k)}
+    mine = failures_in_process(tests, text, seeds[0])
+    differ = [t for t in base if t in mine and bool(mine[t]) != bool(base[t])]
+    assert not differ and not row["limit"], (k, differ, row["limit"])
+    got = [row["points"]]
+    for seed in seeds[1:]:
+        mine = failures_in_process(tests, text, seed)
+        results = {t: mine[t] if t in mine else why for t, why in base.items()}
+        got.append(grading.score(grader.plan[k], k, dict(results=results, error=None),
+                                 grader.mapping["kinds"], grader.limits)["points"])
+    return got
+
+
 def test_every_plant_costs_the_same_on_every_seed(grader):
-    """CI's two seeds; `python tests/test_score.py 20` gives the note's twenty."""
-    mistakes = {what for _, what, _ in MISTAKES}
-    for what, (k, got) in spread(grader, MISTAKES + CORRECT, (0, 1)).items():
+    """Each plant and correct variant at seeds 0, 1 and 2 (points_on_seeds: one graded run, the
+    other seeds in this process); `python tests/test_score.py 20` gives the note's twenty."""
+    mistakes, tests = {what for _, what, _ in MISTAKES}, official_tests()
+    for k, what, edits in MISTAKES + CORRECT:
+        got = points_on_seeds(grader, k, source.apply_edits(REFERENCE, edits), tests, (0, 1, 2))
         assert len(set(got)) == 1, (what, got)
         assert (got[0] < sum(EXERCISES[k][1].values())) == (what in mistakes), (what, got)
 
 
 def main(n: int) -> None:
     """The note's table: each plant's own exercise over n seeds, officially (min, max, the
-    distinct values) and in a handout (set all, its seed 0)."""
+    distinct values; points_on_seeds: the grader at seed 0, seeds 1 to n - 1 in this process) and
+    in a handout (set all, its seed 0)."""
+    import time
     from course.handout import write_handout
-    mapping = grading.test_map(REFERENCE)
-    official = grading.Grader(REFERENCE, mapping, list(EXERCISES), None, SLOW, secret=SECRET)
+    started = time.monotonic()
+    official = grading.Grader(REFERENCE, grading.test_map(REFERENCE), list(EXERCISES), None,
+                              SLOW)
+    tests = official_tests()
     try:
-        table = spread(official, MISTAKES + CORRECT, range(n))
+        table = {what: (k, points_on_seeds(official, k, source.apply_edits(REFERENCE, edits),
+                                           tests, list(range(n))))
+                 for k, what, edits in MISTAKES + CORRECT}
     finally:
         official.close()
     with tempfile.TemporaryDirectory() as tmp:
-        write_handout(os.path.join(tmp, "h"), "all", False, REFERENCE, mapping)
+        write_handout(os.path.join(tmp, "h"), "all", False, REFERENCE)
         saved = json.loads(grading.read(os.path.join(tmp, "h", grading.MAP_FILE)))
         handout = grading.Grader(None, saved, list(EXERCISES), 0, SLOW,
                                  tests=grading.test_files(os.path.join(tmp, "h")))
@@ -281,6 +374,7 @@ def main(n: int) -> None:
     for what, (k, got) in table.items():
         print(f"| {what} | {k} | {min(got):g} | {max(got):g} | {len(set(got))} | "
               f"{theirs[what]:g} | {'yes' if set(got) == {theirs[what]} else 'NO'} |")
+    print(f"{len(table)} plants and correct variants in {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":

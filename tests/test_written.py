@@ -312,7 +312,7 @@ def test_the_bundle_grades_the_form_handed_in(tmp_path, monkeypatch):
 
 def test_a_handout_holds_the_blank_form_and_no_expected_value_or_rubric(tmp_path):
     out = str(tmp_path / "grpo")
-    write_handout(out, "grpo", False, REFERENCE, grading.test_map(REFERENCE))
+    write_handout(out, "grpo", False, REFERENCE)
     form = grading.read(os.path.join(out, written.FORM))
     assert form == written.blank_form("grpo", GRPO)
     comments = " ".join(" ".join(ln[2:] for ln in form.splitlines()
