@@ -118,15 +118,22 @@ def clean(x):
 
 
 class Driver:
-    """The judge workers and the one-submission-at-a-time loop."""
+    """The judge workers, the students' sandboxes and the one-submission-at-a-time loop."""
 
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
-                 workers=None):
+                 workers=None, ahead=False):
         self.limits = dict(LIMITS, **(limits or {}))
         self.seed, self.workers, self.pool = seed, workers or min(2, os.cpu_count() or 1), []
         self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
+        self.code = os.path.join(self.private, "zygote")  # the child's two files, /course in a box
+        os.makedirs(self.code, mode=0o755)
+        for name in ("child.py", "protocol.py"):
+            shutil.copy(os.path.join(HERE, name), self.code)
+        # warm sandboxes no submission has used: one per worker, twice that ahead of a class
+        self.ahead, self.started = ahead, 0
+        self.boxes = [self.start_box() for _ in range(self.workers * (1 + ahead))]
         tests_dir = os.path.join(self.private, "tests")
         os.makedirs(tests_dir, mode=0o700)
         self.hashes = {}
@@ -137,11 +144,50 @@ class Driver:
         self.config = dict(private=self.private, tests_dir=tests_dir, hashes=self.hashes,
                            files=[n for n in tests if n.endswith(".py")], seed=seed,
                            constants=consts, functions=list(function_names), limits=self.limits)
-        self.tests, self.started = None, 0
+        self.tests = None
         for _ in range(self.workers):
             self.pool.append(self.start_worker())
         for worker in self.pool:
             self.wait_ready(worker)
+
+    def start_box(self) -> dict:
+        """A fresh sandbox (bwrap's, when there is one) with a zygote (course/child.py) in it that
+        loads torch: its process, and the control line the judge gets with its first job."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
+        box = [] if self.sandbox is None else sandbox_argv(self.code, self.limits["disk_mb"])
+        code, work = ("/course", "/tmp") if box else (self.code, self.code)
+        env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   LANG="C.UTF-8", HOME=work)  # all it gets
+        uid = box and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 10 ** 8
+        self.started += 1
+        process = subprocess.Popen(
+            box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
+                   str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
+            env=env, user=uid or None, group=uid or None, extra_groups=[] if uid else None,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        theirs.close()
+        return dict(process=process, control=ours)
+
+    def give_box(self, worker) -> None:
+        """The worker's sandbox for this submission: a warm one no submission has used."""
+        if worker["box"] is not None and worker["box"]["process"].poll() is None:
+            return
+        self.drop(worker["box"])  # a student's process may have killed it
+        worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
+        try:
+            socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
+                            [worker["box"]["control"].fileno()])
+        except OSError:
+            pass
+        worker["box"]["control"].close()  # the judge's now
+
+    @staticmethod
+    def drop(box) -> None:
+        """Killing bwrap kills its sandbox whole (--die-with-parent, its own PID namespace)."""
+        if box is not None:
+            box["control"].close()
+            box["process"].kill()
+            box["process"].wait()
 
     def start_worker(self) -> dict:
         ours, theirs = socket.socketpair()
@@ -154,19 +200,15 @@ class Driver:
                                    pass_fds=[theirs.fileno()], cwd=self.private, env=env,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         theirs.close()
-        box = self.sandbox and dict(uid=self.sandbox["uid"] and self.sandbox["uid"]
-                                    + 100000 * (self.started % 1000))
-        self.started += 1
-        ours.sendall(json.dumps(dict(self.config, sandbox=box)).encode() + b"\n")
-        return dict(process=process, channel=ours, buffer=b"", job=None, log=log, ready=False)
-
+        ours.sendall(json.dumps(self.config).encode() + b"\n")
+        return dict(process=process, channel=ours, buffer=b"", job=None, log=log, box=None)
     def wait_ready(self, worker) -> None:
         message = self.next_message(worker, time.monotonic() + 300)
         if not message or not message.get("ready"):
             worker["log"].flush()
             raise SystemExit("course: the judge did not start: "
                              + (message or {}).get("error", read(worker["log"].name)[-3000:]))
-        worker["ready"], self.tests = True, message["tests"]
+        self.tests = message["tests"]
 
     def next_message(self, worker, deadline):
         """The worker's next line as a dict, or None by the deadline (or if it is not one)."""
@@ -189,6 +231,7 @@ class Driver:
         return message if isinstance(message, dict) else None
 
     def kill_worker(self, worker) -> None:
+        self.drop(worker["box"])
         try:
             worker["process"].kill()
         except OSError:
@@ -206,6 +249,9 @@ class Driver:
                 if worker["job"] is None and todo:
                     job = todo.pop(0)
                     worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
+                    if not job.get("trusted"):  # the instructor's code needs no sandbox
+                        self.give_box(worker)
+                        worker["used"] = True
                     try:
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
                     except OSError:
@@ -213,13 +259,8 @@ class Driver:
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:
-                message = None
-                if worker["channel"] in ready or b"\n" in worker["buffer"]:
-                    message = self.next_message(worker, time.monotonic() + 0.01)
-                    if message is None and b"\n" not in worker["buffer"]:
-                        gone = worker["process"].poll() is not None
-                        if not gone:
-                            continue
+                message = self.next_message(worker, time.monotonic() + 0.01) if (
+                    worker["channel"] in ready or b"\n" in worker["buffer"]) else None
                 if message is not None:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         results[message["id"]] = message
@@ -232,11 +273,12 @@ class Driver:
                     self.kill_worker(worker)
                     self.pool[self.pool.index(worker)] = fresh = self.start_worker()
                     self.wait_ready(fresh)
-        for worker in self.pool:  # the batch is done: its sandboxes go, fresh ones come
-            try:
-                worker["channel"].sendall(b'{"end": true}\n')
-            except OSError:
-                pass
+        for worker in self.pool:  # the batch is done: its sandboxes go, with all left in them
+            if worker.pop("used", False):
+                self.drop(worker["box"])
+                worker["box"] = None
+        while self.ahead and len(self.boxes) < 2 * self.workers:  # the next students' sandboxes
+            self.boxes.append(self.start_box())
         return [results[n] for n in range(len(jobs))]
 
     def close(self) -> None:
@@ -245,6 +287,8 @@ class Driver:
         for worker in self.pool:
             self.kill_worker(worker)
             worker["log"].close()
+        for box in self.boxes:
+            self.drop(box)
         shutil.rmtree(self.private, ignore_errors=True)
 
 
@@ -500,12 +544,13 @@ class Grader:
         self.reference_fails = {}  # (seed, fresh test): whether the reference fails it
         self.shapes = {}
 
-    def start(self, workers=None) -> None:
-        """The judges, with their copy of the tests: before any submission is read."""
+    def start(self, workers=None, ahead=True) -> None:
+        """The judges, with their copy of the tests, before any submission is read; ahead (a
+        class): each next submission's sandboxes start while the one before is graded."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
-                                 workers or self.workers)
+                                 workers or self.workers, ahead)
 
     def tests_of(self, k) -> list:
         return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
@@ -567,7 +612,7 @@ class Grader:
         jobs = self.jobs(source, label, [k for k in exercises if k not in same])
         ran = []
         if jobs:
-            self.start(min(self.workers or 2, len(jobs)))
+            self.start(min(self.workers or 2, len(jobs)), ahead=False)  # one grade, if not started
             ran = self.driver.run(jobs)
         results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
                    else ran.pop(0) for k in exercises]
@@ -602,7 +647,7 @@ class Grader:
         self.start()
         check, = self.driver.run([dict(student=self.reference, label="tokencredit.py",
                                        reference=None, names=list(EXERCISE_OF), tests=failed,
-                                       limit=self.limits["time_s"] * 4, seed=seed)])
+                                       limit=self.limits["time_s"] * 4, seed=seed, trusted=True)])
         for t in failed:
             self.reference_fails[(seed, t)] = bool(check["results"].get(t, "did not run"))
         bad = [t for t in failed if self.reference_fails[(seed, t)]]
