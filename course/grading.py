@@ -1,15 +1,18 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
 The driver (this process) starts the judge workers (course/judge.py) before any submission is
-read, hands each its copy of the tests (checked by hash), then grades one submission at a time:
-exercise k of a submission is one job, a child process of its own with the instructor's limits.
+read, hands each its copy of the tests (in a folder no sandbox sees), then grades one submission
+at a time: exercise k of a submission is one job, a child process of its own with the
+instructor's limits.
 
-Isolation is bubblewrap's (`sandbox_argv`). Each judge worker keeps its zygote (course/child.py)
-in a sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited
-tmpfs as its only writable folder, read-only views of /usr, the Python and the child's two files,
-nothing else (no class folder, no tests, no reference, only its own /proc). When a batch of jobs
-(one submission, or the reference's check) is done the driver says "end", and each worker that
-used its sandbox kills it whole (its PID 1, so every process in it) and starts a fresh one. As
+Isolation is bubblewrap's (`sandbox_argv`). The driver starts each zygote (course/child.py) in a
+sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited tmpfs as
+its only writable folder, read-only views of /usr, the Python and the child's two files, nothing
+else (no class folder, no tests, no reference, only its own /proc). A submission's jobs get
+sandboxes no submission has used; when they are done, the driver kills each one they used whole
+(its PID 1, so every process in it). Ahead of a class (grade-all), the next submissions'
+sandboxes start while one is graded. The reference's check is the instructor's code: it runs
+beside its judge, in none. As
 root each sandbox also runs under a uid of its own (SANDBOX_UID + n) where that uid can read the
 Python. Without bwrap the report and the CSV say "no sandbox" and grade-all refuses unless
 --no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py): each
@@ -60,7 +63,7 @@ LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
                "output size": "the output size limit (2 MB of header, 256 MB per answer)",
                "malformed": "the grader's protocol (it answered malformed data)",
                "died": "no limit: its process died"}
-SANDBOX_UID = 1_500_000_000  # as root, worker w's n-th sandbox runs as uid + 100000 w + n
+SANDBOX_UID = 1_500_000_000  # as root, the n-th sandbox runs as uid + n
 NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
               "user and can read, signal and write what it can")
 SAME_NOTE = "the published reference's code, statement for statement (not run): the student's own?"
@@ -123,7 +126,7 @@ class Driver:
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
                  workers=None, ahead=False):
         self.limits = dict(LIMITS, **(limits or {}))
-        self.seed, self.workers, self.pool = seed, workers or min(2, os.cpu_count() or 1), []
+        self.workers, self.pool = workers or min(2, os.cpu_count() or 1), []
         self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
@@ -134,14 +137,11 @@ class Driver:
         # warm sandboxes no submission has used: one per worker, twice that ahead of a class
         self.ahead, self.started = ahead, 0
         self.boxes = [self.start_box() for _ in range(self.workers * (1 + ahead))]
-        tests_dir = os.path.join(self.private, "tests")
+        tests_dir = os.path.join(self.private, "tests")  # no sandbox sees it
         os.makedirs(tests_dir, mode=0o700)
-        self.hashes = {}
         for name, path in tests.items():  # the tests, read once, before any submission
             shutil.copy(path, os.path.join(tests_dir, name))
-            with open(os.path.join(tests_dir, name), "rb") as f:
-                self.hashes[name] = hashlib.sha256(f.read()).hexdigest()
-        self.config = dict(private=self.private, tests_dir=tests_dir, hashes=self.hashes,
+        self.config = dict(private=self.private, tests_dir=tests_dir,
                            files=[n for n in tests if n.endswith(".py")], seed=seed,
                            constants=consts, functions=list(function_names), limits=self.limits)
         self.tests = None
@@ -202,6 +202,7 @@ class Driver:
         theirs.close()
         ours.sendall(json.dumps(self.config).encode() + b"\n")
         return dict(process=process, channel=ours, buffer=b"", job=None, log=log, box=None)
+
     def wait_ready(self, worker) -> None:
         message = self.next_message(worker, time.monotonic() + 300)
         if not message or not message.get("ready"):
