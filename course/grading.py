@@ -170,15 +170,13 @@ class Driver:
 
     def give_box(self, worker) -> None:
         """The worker's sandbox for this submission: a warm one no submission has used."""
+        worker["used"] = True
         if worker["box"] is not None and worker["box"]["process"].poll() is None:
             return
         self.drop(worker["box"])  # a student's process may have killed it
         worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
-        try:
-            socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
-                            [worker["box"]["control"].fileno()])
-        except OSError:
-            pass
+        socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
+                        [worker["box"]["control"].fileno()])
         worker["box"]["control"].close()  # the judge's now
 
     @staticmethod
@@ -233,10 +231,7 @@ class Driver:
 
     def kill_worker(self, worker) -> None:
         self.drop(worker["box"])
-        try:
-            worker["process"].kill()
-        except OSError:
-            pass
+        worker["process"].kill()
         worker["process"].wait()
         worker["channel"].close()
 
@@ -250,10 +245,9 @@ class Driver:
                 if worker["job"] is None and todo:
                     job = todo.pop(0)
                     worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
-                    if not job.get("trusted"):  # the instructor's code needs no sandbox
-                        self.give_box(worker)
-                        worker["used"] = True
                     try:
+                        if not job.get("trusted"):  # the instructor's code needs no sandbox
+                            self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
                     except OSError:
                         pass
@@ -565,19 +559,20 @@ class Grader:
         import ast
         others = set(EXERCISE_OF) - set(exercise_names(k))
 
-        def shape(text):
-            out = []
-            for node in ast.parse(text).body:
-                if isinstance(node, ast.FunctionDef) and node.name in others:
-                    node = ast.FunctionDef(name=node.name, args=node.args, body=[],
-                                           decorator_list=node.decorator_list,
-                                           returns=node.returns, type_comment=None)
-                out.append(ast.dump(node))
-            return out
-        if k not in self.shapes:
-            self.shapes[k] = shape(self.reference)
+        def shape(text):  # each statement's dump, a function's also without its body: once a text
+            if text not in self.shapes:
+                out = []
+                for node in ast.parse(text).body:
+                    bare = isinstance(node, ast.FunctionDef) and ast.dump(ast.FunctionDef(
+                        name=node.name, args=node.args, body=[], returns=node.returns,
+                        decorator_list=node.decorator_list, type_comment=None))
+                    out.append((getattr(node, "name", None), ast.dump(node), bare))
+                self.shapes = {t: v for t, v in self.shapes.items() if t == self.reference}
+                self.shapes[text] = out
+            return [bare if bare and name in others else whole
+                    for name, whole, bare in self.shapes[text]]
         try:
-            return shape(source) == self.shapes[k]
+            return shape(source) == shape(self.reference)
         except (SyntaxError, ValueError):
             return False
 
