@@ -135,7 +135,7 @@ class Driver:
         for name in ("child.py", "protocol.py"):
             shutil.copy(os.path.join(HERE, name), self.code)
         # warm sandboxes no submission has used: one per worker, twice that ahead of a class
-        self.ahead, self.started = ahead, 0
+        self.ahead, self.started, self.ids = ahead, 0, 0
         self.boxes = [self.start_box() for _ in range(self.workers * (1 + ahead))]
         tests_dir = os.path.join(self.private, "tests")  # no sandbox sees it
         os.makedirs(tests_dir, mode=0o700)
@@ -237,8 +237,8 @@ class Driver:
 
     def run(self, jobs: list) -> list:
         """Each job's result, in order: the jobs of one submission (or the map's)."""
-        for n, job in enumerate(jobs):
-            job["id"] = n
+        for job in jobs:  # ids never reused: a late line answers no later job
+            job["id"], self.ids = self.ids, self.ids + 1
         todo, results = list(jobs), {}
         while len(results) < len(jobs):
             for i, worker in enumerate(self.pool):
@@ -274,7 +274,7 @@ class Driver:
                 worker["box"] = None
         while self.ahead and len(self.boxes) < 2 * self.workers:  # the next students' sandboxes
             self.boxes.append(self.start_box())
-        return [results[n] for n in range(len(jobs))]
+        return [results[job["id"]] for job in jobs]
 
     def close(self) -> None:
         """The judges hold nothing left to say: killed, not asked (a Python with torch takes
