@@ -4,8 +4,8 @@ children it forks, one per exercise, that run the student's code.
     python child.py FD WORK     the zygote; FD is its control socket to the judge, WORK the folder
                                 its children write in (in a sandbox: /tmp, a size-limited tmpfs)
 
-The judge starts each zygote in a bubblewrap sandbox of its own (course/grading.py says how). For
-each fork request it receives a socket (the child's line to the judge) and the child's limits;
+The driver starts each zygote in a bubblewrap sandbox of its own (course/grading.py says how), and
+hands its control socket to a judge. For each fork request it receives a socket (the child's line to the judge) and the child's limits;
 the child takes the limits, closes every other file, moves into a new empty folder, and only
 then reads the student's file and runs it. It answers with values (course/protocol.py), never
 with code. Pids here are the sandbox's: the judge asks the zygote to kill a child.
@@ -30,32 +30,14 @@ else:  # run as a script from the judge's private copy
 
 import torch
 
-PRELOADED = ("math", "typing", "functools", "itertools", "collections", "dataclasses",
-             "operator", "numbers", "warnings", "contextlib", "enum", "abc", "__future__",
-             "numpy")
 MESSAGE_LIMIT = 1 << 30  # what the child accepts from the judge
 
 
-def warm() -> None:
-    """Everything a student's module may import, and torch's lazy parts the tests reach, loaded
-    before the fork: a sandboxed child sees no site-packages but the read-only ones."""
-    for name in PRELOADED:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-    torch.set_num_threads(1)
-    x = torch.randn(64, 8, dtype=torch.float64, requires_grad=True)
-    y = (torch.quantile(x.detach().float(), 0.5) + torch.log_softmax(x, -1).sum()
-         + torch.expm1(x).sum() + x.std(1).sum() + torch.where(x > 0, x, 0.0).sum())
-    torch.autograd.grad([y], [x], [torch.ones_like(y)])  # as the child's backward calls it
-    torch.tensor([1.0], dtype=torch.bfloat16).float().kthvalue(1)
-    torch.testing.assert_close(x, x)
-
-
 def zygote(fd: int, work: str) -> None:
+    """Fork a child for each request of the judge. Nothing is loaded ahead but torch: a child
+    imports the rest itself, from the sandbox's read-only views of the Python."""
     control = socket.socket(fileno=fd)
-    warm()
+    torch.set_num_threads(1)
     children = set()
     while True:
         ready, _, _ = select.select([control], [], [], 0.05)
@@ -126,10 +108,6 @@ def child(spec: dict, fd: int, work: str) -> None:
     sys.argv = ["tokencredit"]
     sys.path[:] = [p for p in sys.path if "site-packages" in p or "dist-packages" in p
                    or p.startswith(sys.base_prefix)]
-    for name in [n for n in sys.modules if n in ("protocol", "__main__", "course")
-                 or n.startswith("course.")]:
-        if name != "__main__":
-            del sys.modules[name]
     Child(socket.socket(fileno=fd)).serve()
 
 

@@ -1,20 +1,21 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
 The driver (this process) starts the judge workers (course/judge.py) before any submission is
-read, hands each its copy of the tests (checked by hash), then grades one submission at a time:
-exercise k of a submission is one job, a child process of its own with the instructor's limits.
+read, hands each its copy of the tests (in a folder no sandbox sees), then grades one submission
+at a time: exercise k of a submission is one job, a child process of its own with the
+instructor's limits.
 
-Isolation is bubblewrap's (`sandbox_argv`). Each judge worker keeps its zygote (course/child.py)
-in a sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited
-tmpfs as its only writable folder, read-only views of /usr, the Python and the child's two files,
-nothing else (no class folder, no tests, no reference, only its own /proc). When a batch of jobs
-(one submission, or the reference's check) is done the driver says "end", and each worker that
-used its sandbox kills it whole (its PID 1, so every process in it) and starts a fresh one. As
-root each sandbox also runs under a uid of its own (SANDBOX_UID + n), so that the process limit
-binds (root is exempt), even where that uid cannot reach the Python (ENTER). Without bwrap the
-report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a child
-sends is bounded (course/judge.py, course/protocol.py): each message whole by its test's
-deadline, its header parsed only under 2 MB, its text escaped here.
+Isolation is bubblewrap's (`sandbox_argv`). The driver starts each zygote (course/child.py) in a
+sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited tmpfs as
+its only writable folder, read-only views of /usr, the Python and the child's two files, nothing
+else (no class folder, no tests, no reference, only its own /proc). A submission's jobs get
+sandboxes no submission has used; when they are done, the driver kills each one they used whole
+(its PID 1, so every process in it). Ahead of a class (grade-all), the next submissions'
+sandboxes start while one is graded. As root each sandbox also runs under a uid of its own
+(SANDBOX_UID + n), so that the process limit binds (root is exempt), even where that uid cannot
+reach the Python (ENTER). Without bwrap the report and the CSV say "no sandbox" and grade-all
+refuses unless --no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py): each
+message whole by its test's deadline, its header parsed only under 2 MB, its text escaped here.
 """
 
 import hashlib
@@ -62,7 +63,7 @@ LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
                "output size": "the output size limit (2 MB of header, 256 MB per answer)",
                "malformed": "the grader's protocol (it answered malformed data)",
                "died": "no limit: its process died"}
-SANDBOX_UID = 1_500_000_000  # as root, worker w's n-th sandbox runs as uid + 100000 w + n
+SANDBOX_UID = 1_500_000_000  # as root, the n-th sandbox runs as uid + n
 NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
               "user and can read, signal and write what it can")
 SAME_NOTE = "the published reference's code, statement for statement (not run): the student's own?"
@@ -174,30 +175,71 @@ def clean(x):
 
 
 class Driver:
-    """The judge workers and the one-submission-at-a-time loop."""
+    """The judge workers, the students' sandboxes and the one-submission-at-a-time loop."""
 
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
-                 workers=None):
+                 workers=None, ahead=False):
         self.limits = dict(LIMITS, **(limits or {}))
-        self.seed, self.workers, self.pool = seed, workers or min(2, os.cpu_count() or 1), []
+        self.workers, self.pool = workers or min(2, os.cpu_count() or 1), []
         self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
-        tests_dir = os.path.join(self.private, "tests")
+        self.code = os.path.join(self.private, "zygote")  # the child's two files, /course in a box
+        os.makedirs(self.code, mode=0o755)
+        for name in ("child.py", "protocol.py"):
+            shutil.copy(os.path.join(HERE, name), self.code)
+        # warm sandboxes no submission has used: one per worker, twice that ahead of a class
+        self.ahead, self.started, self.ids = ahead, 0, 0
+        self.boxes = [self.start_box() for _ in range(self.workers * (1 + ahead))]
+        tests_dir = os.path.join(self.private, "tests")  # no sandbox sees it
         os.makedirs(tests_dir, mode=0o700)
-        self.hashes = {}
         for name, path in tests.items():  # the tests, read once, before any submission
             shutil.copy(path, os.path.join(tests_dir, name))
-            with open(os.path.join(tests_dir, name), "rb") as f:
-                self.hashes[name] = hashlib.sha256(f.read()).hexdigest()
-        self.config = dict(private=self.private, tests_dir=tests_dir, hashes=self.hashes,
+        self.config = dict(private=self.private, tests_dir=tests_dir,
                            files=[n for n in tests if n.endswith(".py")], seed=seed,
                            constants=consts, functions=list(function_names), limits=self.limits)
-        self.tests, self.started = None, 0
+        self.tests = None
         for _ in range(self.workers):
             self.pool.append(self.start_worker())
         for worker in self.pool:
             self.wait_ready(worker)
+
+    def start_box(self) -> dict:
+        """A fresh sandbox (bwrap's, when there is one) with a zygote (course/child.py) in it that
+        loads torch: its process, and the control line the judge gets with its first job."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
+        uid = self.sandbox and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 10 ** 8
+        box = [] if self.sandbox is None else sandbox_argv(self.code, self.limits["disk_mb"], uid)
+        code, work = ("/course", "/tmp") if box else (self.code, self.code)
+        env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   LANG="C.UTF-8", HOME=work)  # all it gets
+        self.started += 1
+        process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
+            box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
+                   str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        theirs.close()
+        return dict(process=process, control=ours)
+
+    def give_box(self, worker) -> None:
+        """The worker's sandbox for this submission: a warm one no submission has used."""
+        worker["used"] = True
+        if worker["box"] is not None and worker["box"]["process"].poll() is None:
+            return
+        self.drop(worker["box"])  # a student's process may have killed it
+        worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
+        socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
+                        [worker["box"]["control"].fileno()])
+        worker["box"]["control"].close()  # the judge's now
+
+    @staticmethod
+    def drop(box) -> None:
+        """Killing bwrap kills its sandbox whole (--die-with-parent, its own PID namespace)."""
+        if box is not None:
+            box["control"].close()
+            box["process"].kill()
+            box["process"].wait()
 
     def start_worker(self) -> dict:
         ours, theirs = socket.socketpair()
@@ -210,11 +252,8 @@ class Driver:
                                    pass_fds=[theirs.fileno()], cwd=self.private, env=env,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         theirs.close()
-        box = self.sandbox and dict(uid=self.sandbox["uid"] and self.sandbox["uid"]
-                                    + 100000 * (self.started % 1000))
-        self.started += 1
-        ours.sendall(json.dumps(dict(self.config, sandbox=box)).encode() + b"\n")
-        return dict(process=process, channel=ours, buffer=b"", job=None, log=log, ready=False)
+        ours.sendall(json.dumps(self.config).encode() + b"\n")
+        return dict(process=process, channel=ours, buffer=b"", job=None, log=log, box=None)
 
     def wait_ready(self, worker) -> None:
         message = self.next_message(worker, time.monotonic() + 300)
@@ -222,7 +261,7 @@ class Driver:
             worker["log"].flush()
             raise SystemExit("course: the judge did not start: "
                              + (message or {}).get("error", read(worker["log"].name)[-3000:]))
-        worker["ready"], self.tests = True, message["tests"]
+        self.tests = message["tests"]
 
     def next_message(self, worker, deadline):
         """The worker's next line as a dict, or None by the deadline (or if it is not one)."""
@@ -245,17 +284,15 @@ class Driver:
         return message if isinstance(message, dict) else None
 
     def kill_worker(self, worker) -> None:
-        try:
-            worker["process"].kill()
-        except OSError:
-            pass
+        self.drop(worker["box"])
+        worker["process"].kill()
         worker["process"].wait()
         worker["channel"].close()
 
     def run(self, jobs: list) -> list:
         """Each job's result, in order: the jobs of one submission (or the map's)."""
-        for n, job in enumerate(jobs):
-            job["id"] = n
+        for job in jobs:  # ids never reused: a late line answers no later job
+            job["id"], self.ids = self.ids, self.ids + 1
         todo, results = list(jobs), {}
         while len(results) < len(jobs):
             for i, worker in enumerate(self.pool):
@@ -263,19 +300,15 @@ class Driver:
                     job = todo.pop(0)
                     worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
                     try:
+                        self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
                     except OSError:
                         pass
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:
-                message = None
-                if worker["channel"] in ready or b"\n" in worker["buffer"]:
-                    message = self.next_message(worker, time.monotonic() + 0.01)
-                    if message is None and b"\n" not in worker["buffer"]:
-                        gone = worker["process"].poll() is not None
-                        if not gone:
-                            continue
+                message = self.next_message(worker, time.monotonic() + 0.01) if (
+                    worker["channel"] in ready or b"\n" in worker["buffer"]) else None
                 if message is not None:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         results[message["id"]] = message
@@ -288,12 +321,13 @@ class Driver:
                     self.kill_worker(worker)
                     self.pool[self.pool.index(worker)] = fresh = self.start_worker()
                     self.wait_ready(fresh)
-        for worker in self.pool:  # the batch is done: its sandboxes go, fresh ones come
-            try:
-                worker["channel"].sendall(b'{"end": true}\n')
-            except OSError:
-                pass
-        return [results[n] for n in range(len(jobs))]
+        for worker in self.pool:  # the batch is done: its sandboxes go, with all left in them
+            if worker.pop("used", False):
+                self.drop(worker["box"])
+                worker["box"] = None
+        while self.ahead and len(self.boxes) < 2 * self.workers:  # the next students' sandboxes
+            self.boxes.append(self.start_box())
+        return [results[job["id"]] for job in jobs]
 
     def close(self) -> None:
         """The judges hold nothing left to say: killed, not asked (a Python with torch takes
@@ -301,6 +335,8 @@ class Driver:
         for worker in self.pool:
             self.kill_worker(worker)
             worker["log"].close()
+        for box in self.boxes:
+            self.drop(box)
         shutil.rmtree(self.private, ignore_errors=True)
 
 
@@ -558,12 +594,13 @@ class Grader:
         self.plan = scheme(mapping, self.exercises, self.in_order)
         self.shapes = {}
 
-    def start(self, workers=None) -> None:
-        """The judges, with their copy of the tests: before any submission is read."""
+    def start(self, workers=None, ahead=True) -> None:
+        """The judges, with their copy of the tests, before any submission is read; ahead (a
+        class): each next submission's sandboxes start while the one before is graded."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
-                                 workers or self.workers)
+                                 workers or self.workers, ahead)
 
     def tests_of(self, k) -> list:
         return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
@@ -577,19 +614,20 @@ class Grader:
         import ast
         others = set(EXERCISE_OF) - set(exercise_names(k))
 
-        def shape(text):
-            out = []
-            for node in ast.parse(text).body:
-                if isinstance(node, ast.FunctionDef) and node.name in others:
-                    node = ast.FunctionDef(name=node.name, args=node.args, body=[],
-                                           decorator_list=node.decorator_list,
-                                           returns=node.returns, type_comment=None)
-                out.append(ast.dump(node))
-            return out
-        if k not in self.shapes:
-            self.shapes[k] = shape(self.reference)
+        def shape(text):  # each statement's dump, a function's also without its body: once a text
+            if text not in self.shapes:
+                out = []
+                for node in ast.parse(text).body:
+                    bare = isinstance(node, ast.FunctionDef) and ast.dump(ast.FunctionDef(
+                        name=node.name, args=node.args, body=[], returns=node.returns,
+                        decorator_list=node.decorator_list, type_comment=None))
+                    out.append((getattr(node, "name", None), ast.dump(node), bare))
+                self.shapes = {t: v for t, v in self.shapes.items() if t == self.reference}
+                self.shapes[text] = out
+            return [bare if bare and name in others else whole
+                    for name, whole, bare in self.shapes[text]]
         try:
-            return shape(source) == self.shapes[k]
+            return shape(source) == shape(self.reference)
         except (SyntaxError, ValueError):
             return False
 
@@ -625,7 +663,7 @@ class Grader:
         jobs = self.jobs(source, label, [k for k in exercises if k not in same])
         ran = []
         if jobs:
-            self.start(min(self.workers or 2, len(jobs)))
+            self.start(min(self.workers or 2, len(jobs)), ahead=False)  # one grade, if not started
             ran = self.driver.run(jobs)
         results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
                    else ran.pop(0) for k in exercises]

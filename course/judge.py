@@ -15,11 +15,9 @@ score are made here.
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 import types
 import weakref
@@ -258,41 +256,11 @@ def proxy(constants: dict, functions) -> types.ModuleType:
 # the zygote: a warm parent with torch loaded, started before any submission
 
 class Zygote:
-    """The warm parent of one submission's children, in a sandbox of its own when there is one
-    (config["sandbox"]); start() again for the next submission."""
+    """The line to the warm parent of one submission's children: course/child.py, in the sandbox
+    the driver started for this submission (course/grading.py, Driver.start_box)."""
 
-    def __init__(self, private: str, sandbox=None, limits=None):
-        here = os.path.dirname(os.path.abspath(__file__))
-        self.dir = tempfile.mkdtemp(prefix="zygote-", dir=private)
-        os.chmod(self.dir, 0o755)
-        for name in ("child.py", "protocol.py"):  # its own copy: no path back to this folder
-            shutil.copy(os.path.join(here, name), self.dir)
-        self.sandbox, self.limits, self.started, self.process = sandbox, limits, 0, None
-        self.start()
-
-    def start(self) -> None:
-        """A fresh zygote (and sandbox): the last one, and all it left, are killed first."""
-        import subprocess
-        from .grading import sandbox_argv
-        if self.process is not None:
-            self.close(keep_dir=True)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
-        uid = self.sandbox and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 100000
-        box = [] if self.sandbox is None else sandbox_argv(self.dir, self.limits["disk_mb"], uid)
-        code, work = ("/course", "/tmp") if box else (self.dir, self.dir)
-        env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   LANG="C.UTF-8", HOME=work)  # all it gets
-        argv = box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
-                      str(theirs.fileno()), work]
-        self.started += 1
-        self.process = subprocess.Popen(  # as uid, sandbox_argv's first program sees to it
-            argv, pass_fds=[theirs.fileno()], cwd=self.dir, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        theirs.close()
-        self.control, self.buffer, self.exits, self.used = ours, b"", {}, False
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
+    def __init__(self, control):
+        self.control, self.buffer, self.exits = control, b"", {}
 
     def lines(self, timeout: float):
         """The zygote's messages: it runs beside the student's code, so nothing it says is
@@ -358,17 +326,6 @@ class Zygote:
             return named.get(number, ("died", f"it died of signal {signal.Signals(number).name}"))
         return "died", f"it exited (status {os.WEXITSTATUS(status)}) in the middle of a test"
 
-    def close(self, keep_dir=False) -> None:
-        """Killing bwrap kills its sandbox whole (--die-with-parent, its own PID namespace)."""
-        try:
-            self.control.close()
-            self.process.kill()
-            self.process.wait()
-        except OSError:
-            pass
-        if not keep_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
 
 # -----------------------------------------------------------------------------
 # the worker: one pytest session, collected once; jobs from the driver, one child each
@@ -400,8 +357,7 @@ class Worker:
         self.channel, self.config = channel, config
         self.module = proxy(config["constants"], config["functions"])
         self.session, self.diff, self.snapshots, self.counts = None, [], {}, {}
-        self.current = None
-        self.zygote = Zygote(config["private"], config.get("sandbox"), config["limits"])
+        self.current, self.zygote = None, None  # the zygote: this submission's, from the driver
         self.patch_comparisons()
 
     def patch_comparisons(self) -> None:
@@ -435,18 +391,15 @@ class Worker:
             send_line(self.channel, dict(ready=False, error="the tests do not collect"))
             return True
         send_line(self.channel, dict(ready=True, tests=sorted(self.items)))
-        for job in read_lines(self.channel):
-            if job.get("quit"):
-                break
-            if job.get("end"):  # the submission is done: its sandbox and all in it go
-                if self.zygote.used:
-                    self.zygote.start()
+        fds = []
+        for job in read_lines(self.channel, fds):
+            if job.get("zygote"):  # a fresh sandbox's, for the next jobs; the driver kills the last
+                if self.zygote:
+                    self.zygote.control.close()
+                self.zygote = Zygote(socket.socket(fileno=fds.pop(0)))
                 continue
             # each job in a fork of this process, so that what a test leaves in its module (a
             # sampler's consumed iterator) is gone with it: every job sees the tests as collected
-            if not self.zygote.alive():  # a student's process may have killed it
-                self.zygote.start()
-            self.zygote.used = True
             pid = os.fork()
             if pid == 0:
                 code = 1
@@ -464,7 +417,6 @@ class Worker:
                 send_line(self.channel, dict(
                     id=job["id"], results={}, error=None, limit="died", calls={},
                     snapshots={}, stopped=f"the grader's judge failed (status {status})"))
-        self.zygote.close()
         return True
 
     def run_job(self, job: dict, runner) -> dict:
@@ -475,7 +427,8 @@ class Worker:
         session = None
         self.called = {}
         try:
-            session = Session(self.zygote, dict(limits=limits), float(job["limit"]))
+            session = Session(self.zygote,
+                              dict(limits=limits), float(job["limit"]))
             self.module._session = self.session = session
             session.load(job)
         except GraderLimit as stopped:
@@ -580,10 +533,12 @@ def send_line(channel, message: dict) -> None:
     channel.sendall(json.dumps(message).encode() + b"\n")
 
 
-def read_lines(channel):
+def read_lines(channel, fds):
+    """The driver's messages, one a line; a file descriptor sent with one goes to fds."""
     buffer = b""
     while True:
-        data = channel.recv(1 << 20)
+        data, got, _, _ = socket.recv_fds(channel, 1 << 20, 4)
+        fds += got
         if not data:
             return
         buffer += data
@@ -593,19 +548,13 @@ def read_lines(channel):
 
 
 def main(fd: int) -> None:
-    """A worker: read the config, check the tests' hashes, collect once, serve jobs."""
-    import hashlib
+    """A worker: read the config, collect once, serve jobs."""
     import pytest
     channel = socket.socket(fileno=fd)
-    lines = read_lines(channel)
+    lines = read_lines(channel, [])
     config = next(lines)
     os.chdir(config["private"])
     torch.set_num_threads(1)
-    for name, digest in config["hashes"].items():
-        with open(os.path.join(config["tests_dir"], name), "rb") as f:
-            if hashlib.sha256(f.read()).hexdigest() != digest:
-                send_line(channel, dict(ready=False, error=f"{name} changed since it was read"))
-                return
     os.environ["TOKENCREDIT_SEED"] = str(config["seed"])
     worker = Worker(channel, config)
     sys.modules["tokencredit"] = worker.module

@@ -33,9 +33,7 @@ HEADER_LIMIT = 2 ** 21  # bytes of JSON one header may take, checked before it i
 def send(sock: socket.socket, header: dict, blobs=()) -> None:
     sizes = [len(b) for b in blobs]
     head_all = json.dumps(dict(h=header, sizes=sizes), allow_nan=False).encode()
-    sock.sendall(struct.pack("!II", len(head_all), sum(sizes)) + head_all)
-    for blob in blobs:
-        sock.sendall(blob)
+    sock.sendall(b"".join([struct.pack("!II", len(head_all), sum(sizes)), head_all, *blobs]))
 
 
 def _exactly(sock, n: int, deadline=None) -> bytes:
