@@ -7,7 +7,7 @@
   python -m course list [--set NAME]                      the points table and each function's tests
   python -m course plants DIR                             selfcheck's plants as a class to grade
   python -m course answers [FILE]                         the sheet's answers and rubrics, for you
-  python -m course selfcheck                              the grader's own checks (CI runs it)
+  python -m course selfcheck                              the grader's own checks
   python -m course lecture-figures [DIR]                  docs/lecture.md's figures, from results/
   python -m course notebook                               course/notebook.ipynb from its script
 

@@ -1,4 +1,5 @@
-"""selfcheck: the grader's checks on itself (CI runs `python -m course selfcheck`).
+"""selfcheck: the grader's checks on itself, for an instructor (tests/test_course.py runs its
+handout part on one set).
 
 The reference passes every test through the grader; a blank file fails every graded test with
 NotImplementedError; each planted mistake costs its own exercise only, in the official grade and
@@ -108,7 +109,7 @@ def cmd_selfcheck() -> None:
     raise SystemExit(1 if problems else 0)
 
 
-def check_handouts(reference: str, official: dict) -> list:
+def check_handouts(reference: str, official: dict, sets=SETS) -> list:
     """Each set's handout: nothing that solves it; in order, full marks for what is written;
     and each plant's own exercise graded as the official grade grades it."""
     problems = []
@@ -116,7 +117,7 @@ def check_handouts(reference: str, official: dict) -> list:
     if not answers:
         problems.append("docs/course.md holds no <details> answers")
     with tempfile.TemporaryDirectory(prefix="handout-") as tmp:
-        for set_name, exercises in SETS.items():
+        for set_name, exercises in sets.items():
             out = os.path.join(tmp, set_name)
             write_handout(out, set_name, False, reference)
             found = scan_handout(out, reference, exercises, answers)

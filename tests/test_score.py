@@ -5,7 +5,7 @@ code that does not lose for where it puts a line, and the flag scan's reach thro
                                           (default 20), officially and in a handout
 
 One grader (module scope, each file's seed from SECRET) serves the in-process cases; the routes
-(`grade PATH`, `grade-all`, the bundle) run as the instructor runs them. REPEATS (default 3) is
+(`grade PATH`, `grade-all`, the bundle) run as the instructor runs them. REPEATS (default 2) is
 how many times each route grades the same file.
 """
 
@@ -32,7 +32,7 @@ REFERENCE = grading.read(os.path.join(ROOT, "tokencredit.py"))
 PY = sys.executable
 SECRET = "test_score's course secret"
 GRPO = SETS["grpo"]
-REPEATS = int(os.environ.get("REPEATS", "3"))
+REPEATS = int(os.environ.get("REPEATS", "2"))
 SLOW = dict(time_s=10 * grading.LIMITS["time_s"], test_s=10 * grading.LIMITS["test_s"])  # the
 # in-process grades measure the draw, not how busy the machine is
 ZERO = '''
