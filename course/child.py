@@ -5,10 +5,11 @@ children it forks, one per exercise, that run the student's code.
                                 its children write in (in a sandbox: /tmp, a size-limited tmpfs)
 
 The driver starts each zygote in a bubblewrap sandbox of its own (course/grading.py says how), and
-hands its control socket to a judge. For each fork request it receives a socket (the child's line to the judge) and the child's limits;
-the child takes the limits, closes every other file, moves into a new empty folder, and only
-then reads the student's file and runs it. It answers with values (course/protocol.py), never
-with code. Pids here are the sandbox's: the judge asks the zygote to kill a child.
+hands its control socket to a judge. For each fork request it receives a socket (the child's line to
+the judge) and the child's limits; the child takes the limits, closes every other file, moves into a
+new empty folder, and only then reads the student's file and runs it. It answers with values
+(course/protocol.py), never with code. Pids here are the sandbox's: the judge asks the zygote to
+kill a child.
 """
 
 import json

@@ -14,8 +14,9 @@ sandboxes no submission has used; when they are done, the driver kills each one 
 sandboxes start while one is graded. As root each sandbox also runs under a uid of its own
 (SANDBOX_UID + n), so that the process limit binds (root is exempt), even where that uid cannot
 reach the Python (ENTER). Without bwrap the report and the CSV say "no sandbox" and grade-all
-refuses unless --no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py): each
-message whole by its test's deadline, its header parsed only under 2 MB, its text escaped here.
+refuses unless --no-sandbox-ok. What a child sends is bounded (course/judge.py,
+course/protocol.py): each message whole by its test's deadline, its header parsed only under
+2 MB, its text escaped here.
 """
 
 import hashlib

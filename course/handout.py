@@ -111,7 +111,8 @@ def handout_map(reference: str) -> dict:
     return test_map(reference, test_files(official=False))
 
 
-def write_handout(out: str, set_name: str, answers: bool, reference: str) -> None:
+def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dict:
+    """The handout of set_name in out; returns the map it carries."""
     exercises, mapping = SETS[set_name], handout_map(reference)
     for name in HANDOUT:
         src, target = os.path.join(ROOT, name), os.path.join(out, name)
@@ -152,6 +153,7 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> Non
     for name, text in files.items():
         with open(os.path.join(out, name), "w") as f:
             f.write(text)
+    return mapping
 
 
 def new_folder(out: str) -> None:
@@ -165,8 +167,7 @@ def cmd_handout(out: str, set_name: str, answers: bool) -> None:
     if os.path.exists(os.path.join(ROOT, MAP_FILE)):
         raise SystemExit("course: make a handout from the repository, not from a handout")
     reference = read(os.path.join(ROOT, "tokencredit.py"))
-    write_handout(out, set_name, answers, reference)
-    plan = scheme(handout_map(reference), SETS[set_name], in_order=True)
+    plan = scheme(write_handout(out, set_name, answers, reference), SETS[set_name], in_order=True)
     print(f"wrote {out}: exercises {', '.join(map(str, SETS[set_name]))} blank in tokencredit.py; "
           f"{len({t for p in plan.values() for ts in p['functions'].values() for t in ts})} "
           f"graded tests; the sheet "

@@ -427,8 +427,7 @@ class Worker:
         session = None
         self.called = {}
         try:
-            session = Session(self.zygote,
-                              dict(limits=limits), float(job["limit"]))
+            session = Session(self.zygote, dict(limits=limits), float(job["limit"]))
             self.module._session = self.session = session
             session.load(job)
         except GraderLimit as stopped:
