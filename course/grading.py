@@ -26,6 +26,7 @@ import re
 import secrets
 import select
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -181,7 +182,7 @@ class Driver:
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
                  workers=None, ahead=False):
         self.limits = dict(LIMITS, **(limits or {}))
-        self.workers, self.pool = workers or min(2, os.cpu_count() or 1), []
+        self.workers, self.pool = workers or 2, []
         self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
@@ -200,10 +201,7 @@ class Driver:
                            files=[n for n in tests if n.endswith(".py")], seed=seed,
                            constants=consts, functions=list(function_names), limits=self.limits)
         self.tests = None
-        for _ in range(self.workers):
-            self.pool.append(self.start_worker())
-        for worker in self.pool:
-            self.wait_ready(worker)
+        self.pool = self.start_workers(self.workers)
 
     def start_box(self) -> dict:
         """A fresh sandbox (bwrap's, when there is one) with a zygote (course/child.py) in it that
@@ -242,19 +240,26 @@ class Driver:
             box["process"].kill()
             box["process"].wait()
 
-    def start_worker(self) -> dict:
-        ours, theirs = socket.socketpair()
+    def start_workers(self, n: int) -> list:
+        """n judge workers: one judge process collects the tests (seconds: torch, pytest, the
+        test files), then forks the others, each with a line of its own to this process."""
+        pairs = [socket.socketpair() for _ in range(n)]
         env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PYTHONDONTWRITEBYTECODE="1")
+                   PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         env.pop("TOKENCREDIT_SEED", None)
-        log = open(os.path.join(self.private, f"worker-{len(self.pool)}-{time.time_ns()}.log"),
-                   "w")
-        process = subprocess.Popen([sys.executable, "-m", "course.judge", str(theirs.fileno())],
-                                   pass_fds=[theirs.fileno()], cwd=self.private, env=env,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        theirs.close()
-        ours.sendall(json.dumps(self.config).encode() + b"\n")
-        return dict(process=process, channel=ours, buffer=b"", job=None, log=log, box=None)
+        log = open(os.path.join(self.private, f"judge-{time.time_ns()}.log"), "w")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "course.judge"] + [str(t.fileno()) for _, t in pairs],
+            pass_fds=[t.fileno() for _, t in pairs], cwd=self.private, env=env,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        for _, theirs in pairs:
+            theirs.close()
+        pairs[0][0].sendall(json.dumps(self.config).encode() + b"\n")
+        workers = [dict(process=process, channel=ours, buffer=b"", job=None, log=log, box=None,
+                        closed=False) for ours, _ in pairs]
+        for worker in workers:
+            self.wait_ready(worker)
+        return workers
 
     def wait_ready(self, worker) -> None:
         message = self.next_message(worker, time.monotonic() + 300)
@@ -262,7 +267,7 @@ class Driver:
             worker["log"].flush()
             raise SystemExit("course: the judge did not start: "
                              + (message or {}).get("error", read(worker["log"].name)[-3000:]))
-        self.tests = message["tests"]
+        self.tests, worker["pid"] = message["tests"], message["pid"]
 
     def next_message(self, worker, deadline):
         """The worker's next line as a dict, or None by the deadline (or if it is not one)."""
@@ -275,6 +280,7 @@ class Driver:
                 return None
             data = worker["channel"].recv(1 << 20)
             if not data:
+                worker["closed"] = True
                 return None
             worker["buffer"] += data
         line, worker["buffer"] = worker["buffer"].split(b"\n", 1)
@@ -286,19 +292,25 @@ class Driver:
 
     def kill_worker(self, worker) -> None:
         self.drop(worker["box"])
-        worker["process"].kill()
-        worker["process"].wait()
+        try:
+            os.kill(worker["pid"], signal.SIGKILL)
+        except (KeyError, OSError):
+            pass
+        if worker.get("pid") == worker["process"].pid:  # the one that forked the others
+            worker["process"].wait()
         worker["channel"].close()
 
     def run(self, jobs: list) -> list:
         """Each job's result, in order: the jobs of one submission (or the map's)."""
         for job in jobs:  # ids never reused: a late line answers no later job
             job["id"], self.ids = self.ids, self.ids + 1
-        todo, results = list(jobs), {}
+        # job n on worker n mod the workers, whatever the timing: a submission's jobs that share
+        # a sandbox are the same ones, in the same order, on every grade
+        todo, results = [jobs[i::len(self.pool)] for i in range(len(self.pool))], {}
         while len(results) < len(jobs):
             for i, worker in enumerate(self.pool):
-                if worker["job"] is None and todo:
-                    job = todo.pop(0)
+                if worker["job"] is None and todo[i]:
+                    job = todo[i].pop(0)
                     worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
                     try:
                         self.give_box(worker)
@@ -314,14 +326,13 @@ class Driver:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         results[message["id"]] = message
                         worker["job"] = None
-                elif worker["process"].poll() is not None or time.monotonic() > worker["deadline"]:
+                elif worker["closed"] or time.monotonic() > worker["deadline"]:
                     job = worker["job"]
                     results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
                                               stopped="the grader's judge process stopped",
                                               calls={}, snapshots={})
                     self.kill_worker(worker)
-                    self.pool[self.pool.index(worker)] = fresh = self.start_worker()
-                    self.wait_ready(fresh)
+                    self.pool[self.pool.index(worker)], = self.start_workers(1)
         for worker in self.pool:  # the batch is done: its sandboxes go, with all left in them
             if worker.pop("used", False):
                 self.drop(worker["box"])

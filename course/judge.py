@@ -9,7 +9,7 @@ child calls it back. An exception comes back as its type's name and message: a t
 ALLOWED is raised as itself, any other as StudentError. The comparisons, the verdicts and the
 score are made here.
 
-    python -m course.judge FD      a worker: jobs come from the driver (course/grading.py) on FD
+    python -m course.judge FD...   workers, one a line FD: jobs come from course/grading.py's driver
 """
 
 import json
@@ -353,8 +353,8 @@ def first_difference(a, b, got_first: bool) -> str:
 class Worker:
     """pytest plugin: takes over the run loop and grades the driver's jobs."""
 
-    def __init__(self, channel, config):
-        self.channel, self.config = channel, config
+    def __init__(self, channels, config):
+        self.channels, self.channel, self.config = channels, None, config
         self.module = proxy(config["constants"], config["functions"])
         self.session, self.diff, self.snapshots, self.counts = None, [], {}, {}
         self.current, self.zygote = None, None  # the zygote: this submission's, from the driver
@@ -388,9 +388,18 @@ class Worker:
     def pytest_runtestloop(self, session):
         import _pytest.runner
         if session.testsfailed:  # a collection error: say it and stop
-            send_line(self.channel, dict(ready=False, error="the tests do not collect"))
+            for channel in self.channels:
+                send_line(channel, dict(ready=False, error="the tests do not collect"))
             return True
-        send_line(self.channel, dict(ready=True, tests=sorted(self.items)))
+        self.channel = self.channels[0]
+        for channel in self.channels[1:]:  # the other workers: forks of this one, collected once
+            if os.fork() == 0:
+                self.channel = channel
+                break
+        for channel in self.channels:
+            if channel is not self.channel:
+                channel.close()
+        send_line(self.channel, dict(ready=True, pid=os.getpid(), tests=sorted(self.items)))
         fds = []
         for job in read_lines(self.channel, fds):
             if job.get("zygote"):  # a fresh sandbox's, for the next jobs; the driver kills the last
@@ -489,8 +498,8 @@ class Worker:
                     and not re.search(r"<(built-in method|function) \S+ (of|at) ", ln)]
         else:
             out += [ln.rstrip() for ln in lines[-8:]]
-        first = next((i for i, ln in enumerate(out) if re.match(r"\w+(Error|Exception|Limit)\b", ln)),
-                     len(out) - 1)
+        first = next((i for i, ln in enumerate(out)
+                      if re.match(r"\w+(Error|Exception|Limit)\b", ln)), len(out) - 1)
         out[first + 1:first + 1] = self.diff[:2]  # the first differing values, before the rest
         for w in session.where:  # the student's lines; the reference's by function only
             out.append(f"raised at {w[0]}:{w[1]} in {w[2]}: {w[3].strip()}"
@@ -546,16 +555,15 @@ def read_lines(channel, fds):
             yield json.loads(line)
 
 
-def main(fd: int) -> None:
-    """A worker: read the config, collect once, serve jobs."""
+def main(fds) -> None:
+    """The workers, one a line: read the config, collect once, fork the others, serve jobs."""
     import pytest
-    channel = socket.socket(fileno=fd)
-    lines = read_lines(channel, [])
-    config = next(lines)
+    channels = [socket.socket(fileno=fd) for fd in fds]
+    config = next(read_lines(channels[0], []))
     os.chdir(config["private"])
     torch.set_num_threads(1)
     os.environ["TOKENCREDIT_SEED"] = str(config["seed"])
-    worker = Worker(channel, config)
+    worker = Worker(channels, config)
     sys.modules["tokencredit"] = worker.module
     sys.path.insert(0, config["tests_dir"])
     sys.dont_write_bytecode = True
@@ -567,4 +575,4 @@ def main(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main([int(fd) for fd in sys.argv[1:]])
