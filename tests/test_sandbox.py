@@ -3,7 +3,7 @@ no more than its base (a blank: 0) from `grade-all`, `grade PATH` and the bundle
 their grades; nothing crashes or hangs. One class run holds most of the attacks.
 
 Needs bubblewrap (bwrap) that can run here; the run as an ordinary user needs root (to become
-`tester`) and is skipped otherwise.
+`tester`; grade-all, grade PATH and the bundle) and is skipped otherwise.
 """
 
 import csv
@@ -396,7 +396,7 @@ def as_tester(command: list, home) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
                     or not shutil.which("setpriv"), reason="needs root to become tester")
-def test_an_ordinary_user_grades_a_class_in_sandboxes_too():
+def test_an_ordinary_user_grades_in_sandboxes_too():
     try:
         tester = pwd.getpwnam("tester")
     except KeyError:
@@ -436,6 +436,25 @@ def graded_as_tester(tmp_path, tester) -> None:
     assert inside and max(inside) <= grading.LIMITS["processes"] + 3, rows["a-bomb"]["notes"]
     after = {p.name: p.read_bytes() for p in (tmp_path / "class").iterdir() if p.is_file()}
     assert after == before
+    # grade PATH and the bundle, as tester: the bomb and the zombie get 0, the bomb held
+    done = as_tester([PY, "-m", "course", "grade", str(tmp_path / "class" / "a-bomb.py"),
+                      "--set", "grpo", "-e", "1"], kit)
+    assert done.returncode == 0 and b"0.0/10" in done.stdout, done
+    assert b"its own uid" not in done.stdout and b"sandbox: bubblewrap" in done.stdout, done
+    inside = [int(n) for n in re.findall(rb"saw (\d+) processes", done.stdout)]
+    assert inside and max(inside) <= grading.LIMITS["processes"] + 3, done.stdout
+    assert run("gradescope", tmp_path / "ag.zip", "--set", "grpo").returncode == 0
+    root = tmp_path / "ag"
+    with zipfile.ZipFile(tmp_path / "ag.zip") as z:
+        z.extractall(root / "source")
+    (root / "submission").mkdir()
+    (root / "submission" / "tokencredit.py").write_text(BASE + ATTACKS["a-zombie"])
+    for path in [root, *root.rglob("*")]:
+        os.lchown(path, tester.pw_uid, tester.pw_gid)
+    done = as_tester(["/usr/bin/env", f"AUTOGRADER_ROOT={root}", f"PYTHON={PY}", "bash",
+                      str(root / "source" / "run_autograder")], kit)
+    assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done
+    assert json.loads((root / "results" / "results.json").read_text())["score"] == 0, done
 
 
 def test_without_a_sandbox_grade_all_refuses_unless_told_and_says_so(tmp_path):
