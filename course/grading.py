@@ -1,16 +1,16 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
-The driver (this process) starts the judge workers (course/judge.py) before any submission is
-read, hands each its copy of the tests (in a folder no sandbox sees), then grades one submission
-at a time: exercise k of a submission is one job, a child process of its own with the
-instructor's limits.
+The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
+folder no sandbox sees, and forks the others) before any submission is read, then grades one
+submission at a time: exercise k of a submission is one job, a child process of its own with the
+instructor's limits, on the worker its place in the set gives (n mod the workers).
 
 Isolation is bubblewrap's (`sandbox_argv`). The driver starts each zygote (course/child.py) in a
 sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited tmpfs as
 its only writable folder, read-only views of /usr, the Python and the child's two files, nothing
 else (no class folder, no tests, no reference, only its own /proc). A submission's jobs get
-sandboxes no submission has used; when they are done, the driver kills each one they used whole
-(its PID 1, so every process in it). Ahead of a class (grade-all), the next submissions'
+sandboxes no submission has used, one a worker; when they are done, the driver kills each
+whole (its PID 1, so every process in it). Ahead of a class (grade-all), the next submissions'
 sandboxes start while one is graded. As root each sandbox also runs under a uid of its own
 (SANDBOX_UID + n), so that the process limit binds (root is exempt), even where that uid cannot
 reach the Python (ENTER). Without bwrap the report and the CSV say "no sandbox" and grade-all
