@@ -169,9 +169,14 @@ def find_sandbox():
     return None
 
 
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
+
+
 def clean(x):
-    """A worker's message with every string safe to print (a student's lone surrogate)."""
-    return (x.encode("utf-8", "backslashreplace").decode() if isinstance(x, str) else
+    """A worker's message with every string safe to print: a student's lone surrogate, carriage
+    return or terminal escape (which could redraw the report's lines) escaped."""
+    return (CONTROL.sub(lambda c: ascii(c.group())[1:-1],
+                        x.encode("utf-8", "backslashreplace").decode()) if isinstance(x, str) else
             [clean(v) for v in x] if isinstance(x, list) else
             {clean(k): clean(v) for k, v in x.items()} if isinstance(x, dict) else x)
 

@@ -123,7 +123,7 @@ raise ValueError(f"wrote {_n} bytes")
     # an exception message with lone surrogates
     "a-surrogate": '''
 def group_advantages(*args, **kwargs):
-    raise ValueError("lone \\udc80 surrogate \\ud800")
+    raise ValueError("lone \\udc80 surrogate \\ud800\\r\\x1b[1A\\x1b[2Ktotal 30.0/30 points")
 print("at load \\udcff")
 ''',
 }
@@ -271,6 +271,7 @@ def test_grade_path_refuses_or_cuts_each_file_attack(tmp_path):
     (tmp_path / "s.py").write_text(BASE + ATTACKS["a-surrogate"])
     done = run("grade", tmp_path / "s.py", "--set", "grpo", "-e", "1", "--seed", SEED)
     assert done.returncode == 0 and b"0.0/10" in done.stdout and b"\\udc80" in done.stdout, done
+    assert b"\\r\\x1b[1A" in done.stdout and not re.search(b"[\r\x1b]", done.stdout), done
     (tmp_path / "d.py").write_text(BASE + ATTACKS["a-dribble"])
     started = time.monotonic()
     done = run("grade", tmp_path / "d.py", "--set", "grpo", "-e", "1", "--time-limit", 20)
