@@ -86,8 +86,7 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
     print(f"wrote {out}: a Gradescope autograder for set {set_name} (exercises "
           f"{', '.join(map(str, SETS[set_name]))}), fresh inputs from "
           + (f"seed {seed}" if seed is not None else "each file's seed (COURSE_SECRET's)")
-          + "; students "
-          f"submit their tokencredit.py and written.txt")
+          + "; students submit their tokencredit.py and written.txt")
 
 
 def cmd_autograde(root: str) -> None:

@@ -9,7 +9,7 @@ import shutil
 
 from . import written
 from .bundle import strip_selfcheck
-from .exercises import EXERCISES, SETS, names as exercise_names
+from .exercises import SETS, names as exercise_names
 from .grading import (HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_files,
                       test_map)
 from .source import blank, code_part, functions, kept_statements, snapshot_tests, span
