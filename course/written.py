@@ -334,15 +334,14 @@ def csv_header(exercises) -> list:
 
 
 def csv_cells(rows: list, problems: list) -> list:
-    """The written columns: the numbers' points, an empty cell for each answer the TA grades
-    (0 when there is none), the answers, and what was expected where a number is not right."""
+    """The written columns: the numbers' points, an empty cell for each answer the TA grades (0
+    when none), the answers (__main__'s cell() escapes them), what was expected where wrong."""
     auto = [r for r in rows if r["number"]]
     out = [f"{sum(r['points'] for r in auto):.2f}", f"{sum(r['max'] for r in auto):g}",
            f"{sum(r['max'] for r in rows if not r['number']):g}"]
     for r in rows:
         cell = "" if r["points"] is None else f"{r['points']:g}"
-        answer = "'" + r["answer"] if r["answer"][:1] in ("=", "+", "-", "@") else r["answer"]
-        out += [cell] if r["number"] else [cell, answer]
+        out += [cell] if r["number"] else [cell, r["answer"]]
     return out + ["; ".join(notes(rows, problems, True))]
 
 
