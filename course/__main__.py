@@ -199,10 +199,9 @@ def cmd_list(args) -> None:
         for name in exercise_names(k):
             tests = plan[k]["functions"][name]
             kinds = [where["mapping"]["kinds"].get(t, "other") for t in tests]
-            print(f"  {name}: {EXERCISES[k][1][name]:g} points, {len(tests)} tests ("
-                  + ", ".join(f"{kinds.count(x)} {x}" for x in ("hand", "loop", "fresh",
-                                                                "other") if kinds.count(x))
-                  + ")")
+            counts = ", ".join(f"{kinds.count(x)} {x}" for x in ("hand", "loop", "fresh", "other")
+                               if kinds.count(x))
+            print(f"  {name}: {EXERCISES[k][1][name]:g} points, {len(tests)} tests ({counts})")
             if args.verbose:
                 for test in tests:
                     print(f"      {test}")

@@ -69,8 +69,7 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         for name in MODULES:
             z.write(os.path.join(HERE, name), f"course/{name}")
-        z.writestr("course/exercises.py", strip_selfcheck(read(os.path.join(HERE,
-                                                                           "exercises.py"))))
+        z.writestr("course/exercises.py", strip_selfcheck(read(os.path.join(HERE, "exercises.py"))))
         z.write(os.path.join(ROOT, "tokencredit.py"), "tokencredit.py")
         for path in tests.values():  # test_tokencredit.py and the official hidden set
             z.write(path, os.path.relpath(path, ROOT))

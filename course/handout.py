@@ -101,8 +101,7 @@ def strip_lab(page: str) -> tuple:
 def all_answers() -> list:
     _, found = strip_answers(read(os.path.join(ROOT, "docs", "course.md")))
     _, lab = strip_lab(read(os.path.join(ROOT, "docs", "lab.md")))
-    return (found + [f"\nFrom docs/lab.md:\n{block}" for block in lab]
-            + [written.answers_block()])
+    return found + [f"\nFrom docs/lab.md:\n{block}" for block in lab] + [written.answers_block()]
 
 
 def handout_map(reference: str) -> dict:

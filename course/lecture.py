@@ -144,8 +144,7 @@ def dynamic_sampling(ax) -> str:
     ax.axhline(B, color="black", linewidth=1)
     top = max(u["rounds"])
     ax.set_yticks([B * k for k in range(top + 1)])
-    ax.set_yticklabels(["0"] + [f"{B * k} = {k} round{'s' * (k > 1)}" for k in
-                                range(1, top + 1)])
+    ax.set_yticklabels(["0"] + [f"{B * k} = {k} round{'s' * (k > 1)}" for k in range(1, top + 1)])
     ax.set_ylim(0, B * top + 14)
     ax.set_xlim(0.3, len(u["step"]) + 0.7)
     ax.set_xlabel("policy update")

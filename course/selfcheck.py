@@ -20,8 +20,7 @@ from .source import apply_edits, blank
 
 
 def plants():
-    return ([(k, what, edits, "mistake") for k, what, edits in MISTAKES]
-            + [(k, what, edits, "correct") for k, what, edits in CORRECT]
+    return ([p + ("mistake",) for p in MISTAKES] + [p + ("correct",) for p in CORRECT]
             + [ENDLESS + ("endless",)])
 
 
