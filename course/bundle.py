@@ -1,12 +1,6 @@
-"""The Gradescope bundle: what it carries, how it installs, how it grades.
-
-It carries the grader (course/ without the planted mistakes, the handout writer or selfcheck),
-the reference tokencredit.py (the other exercises of a submission run beside it), the tests (the
-official hidden set, tests/test_official.py, in place of the students' test_hidden.py), the
-map, and its configuration: the set, the secret that seeds each file's fresh inputs (or one seed
-for all) and the limits. setup.sh installs bubblewrap and what grading imports (CPU torch, numpy,
-pytest); the students' code then runs in bubblewrap sandboxes (course/grading.py), one process
-per exercise. Where the image cannot run bubblewrap, results.json says so.
+"""The Gradescope bundle (docs/course.md, "Gradescope"): the grader without the planted mistakes,
+the handout writer or selfcheck; the reference; the official tests; the map; the set, secret (or
+seed) and limits. setup.sh installs bubblewrap and what grading imports; run_autograder grades.
 """
 
 import json

@@ -1,16 +1,11 @@
 """The written part: the sheet's pencil and lab questions as one plain-text answer form per set
 (written.txt), handed in beside tokencredit.py, and its grade.
 
-QUESTIONS is the instructor's table, one row per answer, in the form's order. A row whose
-`expected` is a number is graded automatically: right when |answer - expected| <= max(abs,
-rel * |expected|), else 0. A row whose `expected` is a text is the rubric of an answer graded by
-hand: the CSV leaves its score empty for the TA. A set's form holds the rows of its exercises (a
-lab question sits with the exercise it builds on). Every number is an answer of docs/course.md;
-tests/test_written.py recomputes the pencil ones with tokencredit.py.
-
-The form is data: the grader reads it as text (at most 64 KB), before the student's code runs,
-and never imports or runs it. A handout carries this file without QUESTIONS; a Gradescope bundle
-carries it whole, readable by root alone.
+QUESTIONS is the instructor's table, one row per answer, in the form's order: a number is graded
+here, right when |answer - expected| <= max(abs, rel * |expected|); a text is a rubric, graded by
+hand (docs/course.md, "The written form"). The form is data: read as text (at most 64 KB) before
+the student's code runs, never imported or run. A handout carries this file without QUESTIONS; a
+Gradescope bundle carries it whole, readable by root alone.
 """
 
 import os
