@@ -138,10 +138,8 @@ def cmd_grade_all(args) -> None:
     if os.path.exists(csv_file):
         os.remove(csv_file)  # a stopped run leaves no old file that looks new
     students = students_of(args.dir)
-    order = list(students)
-    if args.order == "reverse":
-        order.reverse()
-    elif args.order == "random":
+    order = students[::-1] if args.order == "reverse" else list(students)
+    if args.order == "random":
         random.shuffle(order)
     graded, seeds = {}, {}  # seeds: each student's
     try:
@@ -209,9 +207,9 @@ def cmd_list(args) -> None:
 
 def cmd_plants(args) -> None:
     from .exercises import CORRECT, ENDLESS, MISTAKES
-    from .selfcheck import write_plants
-    if not MISTAKES:
+    if not MISTAKES:  # a handout's or a bundle's copy (which holds no selfcheck.py either)
         raise SystemExit("course: this copy holds no planted mistakes; run this in the repository")
+    from .selfcheck import write_plants
     n = write_plants(args.dir)
     print(f"wrote {n} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
           f"{len(CORRECT)} other correct solutions, 1 endless loop (exercise {ENDLESS[0]}); "
