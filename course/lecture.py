@@ -189,26 +189,20 @@ FIGURES = {"sample-token-weights.svg": sample_token_weights, "paired-effect.svg"
            "kl-k3.svg": kl_k3_curve}
 
 
-def write_figures(out_dir: str) -> dict:
-    """Each figure of FIGURES into out_dir. Returns {file name: the numbers it shows}."""
+def cmd_lecture_figures(out_dir: str) -> None:
+    """Each figure of FIGURES into out_dir, and the numbers it shows."""
     import matplotlib
+    started = time.monotonic()
     plt = plots.pyplot()
     os.makedirs(out_dir, exist_ok=True)
-    said = {}
     with matplotlib.rc_context(STYLE):
         for name, draw in FIGURES.items():
             fig, ax = plt.subplots(figsize=(10, 5.6))
-            said[name] = draw(ax)
+            numbers = draw(ax)
             fig.tight_layout()
             # no date and no matplotlib version: the bytes change only when the figure does
             fig.savefig(os.path.join(out_dir, name), format="svg",
                         metadata={"Date": None, "Creator": None})
             plt.close(fig)
-    return said
-
-
-def cmd_lecture_figures(out_dir: str) -> None:
-    started = time.monotonic()
-    for name, numbers in write_figures(out_dir).items():
-        print(f"{os.path.join(out_dir, name)}: {numbers}")
+            print(f"{os.path.join(out_dir, name)}: {numbers}")
     print(f"({time.monotonic() - started:.1f} s)")
