@@ -172,8 +172,6 @@ def cmd_handout(out: str, set_name: str, answers: bool) -> None:
 
 def cmd_answers(out) -> None:
     found = all_answers()
-    if not found:
-        raise SystemExit("course: this copy of the sheet holds no answers")
     text = "# Answers to docs/course.md, for the instructor\n" + "".join(found)
     if out:
         with open(out, "w") as f:
