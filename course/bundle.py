@@ -92,7 +92,6 @@ def cmd_autograde(root: str) -> None:
     results = os.path.join(root, "results", "results.json")
     os.makedirs(os.path.dirname(results), exist_ok=True)
     reference = read(os.path.join(ROOT, "tokencredit.py"))
-    flags = []
     answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
     try:
         student, source, extras = find_student(os.path.join(root, "submission"))
