@@ -155,8 +155,8 @@ def public(exercises) -> list:
 
 def tolerance(q) -> str:
     """How close a number must come: "to within ±0.01", "to within ±1 %", or "exactly"."""
-    parts = ([f"±{q['abs']:g}"] if q["abs"] else []) + ([f"±{q['rel'] * 100:g} %"] if q["rel"]
-                                                         else [])
+    parts = [f"±{q['abs']:g}"] if q["abs"] else []
+    parts += [f"±{q['rel'] * 100:g} %"] if q["rel"] else []
     return "to within " + " or ".join(parts) if parts else "exactly"
 
 
@@ -253,8 +253,8 @@ def grade(form: tuple, exercises, table=None) -> tuple:
         elif q["number"] and number(answer) is None:
             row["said"] = f"{answer[:40]!r} is not a number (write one such as 0.5, -1.25, 5e-4)"
         elif not q["number"]:
-            row.update(read=True, points=None, said=f"received: {q['points']:g} points, graded "
-                       "by hand")
+            row.update(read=True, points=None,
+                       said=f"received: {q['points']:g} points, graded by hand")
         elif q["expected"] is None:
             row.update(read=True, said="read")
         else:
