@@ -95,8 +95,7 @@ def scan(source: str, extra_files=()) -> list:
             elif reaches(node.attr):  # a frame's insides, a dunder
                 said = f"uses the attribute {node.attr}"
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
-                else [node.target]
+            targets = node.targets if hasattr(node, "targets") else [node.target]
             for target in targets:
                 root = target
                 while isinstance(root, (ast.Attribute, ast.Subscript)):
