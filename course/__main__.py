@@ -1,15 +1,11 @@
 """Course mode: tokencredit.py's equations as exercises, and a grader no submission can fool.
 
-`python -m course --help` lists the commands; docs/course.md is the sheet, docs/instructors.md
-the instructor's steps. The student's code computes and the grader judges: each exercise of a
-submission runs in a process of its own (course/child.py), in the submission's own bubblewrap
-sandbox (course/grading.py); the tests run in a process that never runs a student's code
-(course/judge.py). Official grades (grade PATH in the repository, grade-all, the bundle) put the
-student's exercise k beside the reference's other exercises, on fresh inputs drawn from the
-file's own seed (tests/test_official.py); a handout runs the student's file whole, at seed 0,
-with the students' tests/test_hidden.py. The written answers (written.txt) are read as text
-before the code runs (course/written.py).
+`python -m course --help` lists the commands. docs/course.md is the sheet, and its "For
+instructors" says how a grade is made; docs/instructors.md, the steps from a clone to grades. The
+grader's design: course/grading.py (the driver and the sandboxes), course/judge.py (the tests, in
+a process that never runs a student's code), course/child.py (one exercise of a submission).
 """
+
 import argparse
 import csv
 import json
