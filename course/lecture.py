@@ -43,12 +43,12 @@ def sample_token_weights(ax) -> str:
     mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (4, 48)
     correct = [tiny_task.verify(PROMPT, text, done) for _, text, done in GROUP]
     said = []
-    for k, (mode, color) in enumerate((("sample", "tab:blue"), ("token", "tab:orange"))):
+    for k, (mode, color, d_i) in enumerate((("sample", "tab:blue", "N |o_i|"),
+                                            ("token", "tab:orange", "sum_j |o_j|"))):
         w = tc.token_weights(mask, mode)  # (4, 48)
         x = torch.arange(len(GROUP)) + (k - 0.5) * 0.38
         bars = ax.bar(x.tolist(), (w[:, 0] * 1e3).tolist(), width=0.38, color=color,
-                      label=f'"{mode}": d_i = ' + ("N |o_i|" if mode == "sample" else
-                                                   "sum_j |o_j|"))
+                      label=f'"{mode}": d_i = {d_i}')
         shares = w.sum(dim=1).tolist()
         ax.bar_label(bars, [f"{s:.2f}" for s in shares], fontsize=11)
         said.append(f"{mode}: per token " + ", ".join(f"{v:.5f}" for v in w[:, 0].tolist())
