@@ -1,27 +1,9 @@
 """Course mode: tokencredit.py's equations as exercises, and a grader no submission can fool.
 
-  python -m course handout DIR [--set NAME] [--answers]   a student copy with the exercises blank
-  python -m course grade [PATH] [--set NAME] [-e K] [--seed S] [--strict]   one line per exercise
-  python -m course grade-all DIR [--set NAME] [--csv FILE] [--gradescope-dir OUT]   a class
-  python -m course gradescope OUT.zip --set NAME          a Gradescope autograder bundle
-  python -m course list [--set NAME]                      the points table and each function's tests
-  python -m course plants DIR                             selfcheck's plants as a class to grade
-  python -m course answers [FILE]                         the sheet's answers and rubrics, for you
-  python -m course selfcheck                              the grader's own checks
-  python -m course lecture-figures [DIR]                  docs/lecture.md's figures, from results/
-  python -m course notebook                               course/notebook.ipynb from its script
-
-The sheet is docs/course.md. The student's code computes and the grader judges: each exercise of
-a submission runs in a process of its own (course/child.py), in the submission's own bubblewrap
-sandbox (course/grading.py), which answers the tests' calls with values; the tests run in a
-process that never runs a student's code (course/judge.py).
-Official grades (grade PATH in the repository, grade-all, the bundle) put the student's exercise
-k beside the reference's other exercises, with the reference's exercise k blank, and check on
-fresh inputs drawn from the file's own seed, a hash of the file and the course's secret
-(tests/test_official.py). In a handout there is no reference: the student's file runs whole, at
-seed 0, with the loops' recorded outputs and the students' tests/test_hidden.py.
-The written answers (written.txt, beside the file or in the folder) are read as text before the
-code runs, and their numbers graded against the table in course/written.py.
+`python -m course --help` lists the commands. docs/course.md is the sheet, and its "For
+instructors" says how a grade is made; docs/instructors.md, the steps from a clone to grades. The
+grader's design: course/grading.py (the driver and the sandboxes), course/judge.py (the tests, in
+a process that never runs a student's code), course/child.py (one exercise of a submission).
 """
 
 import argparse
@@ -29,7 +11,6 @@ import csv
 import json
 import os
 import random
-import sys
 import time
 from urllib.parse import quote
 
@@ -37,7 +18,7 @@ from . import grading, report, written
 from .exercises import EXERCISES, SETS, names as exercise_names, points as exercise_points
 from .flags import scan
 from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, course_secret, find_student,
-                      flag_row, read, shown, test_files, test_map, zero_rows)
+                      flag_row, read, shown, test_map, zero_rows)
 
 
 def setting(set_name=None, seed=None) -> dict:
@@ -47,26 +28,21 @@ def setting(set_name=None, seed=None) -> dict:
     if os.path.exists(os.path.join(ROOT, MAP_FILE)):
         saved = json.loads(read(os.path.join(ROOT, MAP_FILE)))
         return dict(reference=None, mapping=saved, exercises=saved["exercises"],
-                    set=saved["set"], seed=0, where="handout", limits={})
+                    set=saved["set"], seed=0, limits={})
     reference = read(os.path.join(ROOT, "tokencredit.py"))
     if os.path.exists(os.path.join(ROOT, BUNDLE_FILE)):
         config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
         return dict(reference=reference, mapping=test_map(reference), set=config["set"],
-                    exercises=list(SETS[config["set"]]), seed=config.get("seed"), where="bundle",
+                    exercises=list(SETS[config["set"]]), seed=config.get("seed"),
                     limits=config.get("limits", {}), secret=config.get("secret"))
     set_name = set_name or "all"
     return dict(reference=reference, mapping=test_map(reference), set=set_name,
-                exercises=list(SETS[set_name]), seed=seed, where="repository", limits={},
+                exercises=list(SETS[set_name]), seed=seed, limits={},
                 secret=course_secret() if seed is None else None)
 
 
 def limits_of(args) -> dict:
-    out = {}
-    for name in LIMITS:
-        value = getattr(args, name, None)
-        if value is not None:
-            out[name] = value
-    return out
+    return {name: getattr(args, name) for name in LIMITS if getattr(args, name, None) is not None}
 
 
 def cmd_grade(args) -> None:
@@ -158,10 +134,8 @@ def cmd_grade_all(args) -> None:
     if os.path.exists(csv_file):
         os.remove(csv_file)  # a stopped run leaves no old file that looks new
     students = students_of(args.dir)
-    order = list(students)
-    if args.order == "reverse":
-        order.reverse()
-    elif args.order == "random":
+    order = students[::-1] if args.order == "reverse" else list(students)
+    if args.order == "random":
         random.shuffle(order)
     graded, seeds = {}, {}  # seeds: each student's
     try:
@@ -205,8 +179,7 @@ def cmd_grade_all(args) -> None:
     os.replace(tmp, csv_file)
     print(f"graded {len(students)} submissions (set {where['set']}, "
           + (f"seed {where['seed']}" if where["seed"] is not None else "each file's own seed")
-          + ") in "
-          f"{time.monotonic() - started:.1f} s: wrote {csv_file}"
+          + f") in {time.monotonic() - started:.1f} s: wrote {csv_file}"
           + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else "")
           + f"\n{grader.sandbox_line()}")
 
@@ -220,10 +193,9 @@ def cmd_list(args) -> None:
         for name in exercise_names(k):
             tests = plan[k]["functions"][name]
             kinds = [where["mapping"]["kinds"].get(t, "other") for t in tests]
-            print(f"  {name}: {EXERCISES[k][1][name]:g} points, {len(tests)} tests ("
-                  + ", ".join(f"{kinds.count(x)} {x}" for x in ("hand", "loop", "fresh",
-                                                                "other") if kinds.count(x))
-                  + ")")
+            counts = ", ".join(f"{kinds.count(x)} {x}" for x in ("hand", "loop", "fresh", "other")
+                               if kinds.count(x))
+            print(f"  {name}: {EXERCISES[k][1][name]:g} points, {len(tests)} tests ({counts})")
             if args.verbose:
                 for test in tests:
                     print(f"      {test}")
@@ -231,9 +203,9 @@ def cmd_list(args) -> None:
 
 def cmd_plants(args) -> None:
     from .exercises import CORRECT, ENDLESS, MISTAKES
-    from .selfcheck import write_plants
-    if not MISTAKES:
+    if not MISTAKES:  # a handout's or a bundle's copy (which holds no selfcheck.py either)
         raise SystemExit("course: this copy holds no planted mistakes; run this in the repository")
+    from .selfcheck import write_plants
     n = write_plants(args.dir)
     print(f"wrote {n} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
           f"{len(CORRECT)} other correct solutions, 1 endless loop (exercise {ENDLESS[0]}); "
@@ -248,7 +220,6 @@ def add_limits(parser) -> None:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="The exercise sheet: docs/course.md")
@@ -314,36 +285,30 @@ def main(argv=None) -> None:
     figures.add_argument("dir", nargs="?", default=os.path.join(ROOT, "docs", "lecture"))
     commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py")
     args = parser.parse_args(argv)
-    if args.command == "handout":
+    here = {"grade": cmd_grade, "grade-all": cmd_grade_all, "list": cmd_list, "plants": cmd_plants}
+    if args.command in ("lecture-figures", "notebook") and \
+            not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
+        raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
+    if args.command in here:
+        here[args.command](args)
+    elif args.command == "handout":
         from .handout import cmd_handout
         cmd_handout(args.dir, args.set, args.answers)
-    elif args.command == "grade":
-        cmd_grade(args)
-    elif args.command == "grade-all":
-        cmd_grade_all(args)
     elif args.command == "gradescope":
         from .bundle import cmd_gradescope
         cmd_gradescope(args.out, args.set, args.seed, limits_of(args))
     elif args.command == "autograde":
         from .bundle import cmd_autograde
         cmd_autograde(args.root)
-    elif args.command == "list":
-        cmd_list(args)
-    elif args.command == "plants":
-        cmd_plants(args)
     elif args.command == "answers":
         from .handout import cmd_answers
         cmd_answers(args.file)
-    elif args.command in ("lecture-figures", "notebook"):
-        if not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
-            raise SystemExit(f"course: {args.command} is the instructors'; run it in the "
-                             "repository")
-        if args.command == "notebook":
-            from .ipynb import cmd_notebook
-            cmd_notebook()
-        else:
-            from .lecture import cmd_lecture_figures
-            cmd_lecture_figures(args.dir)
+    elif args.command == "notebook":
+        from .ipynb import cmd_notebook
+        cmd_notebook()
+    elif args.command == "lecture-figures":
+        from .lecture import cmd_lecture_figures
+        cmd_lecture_figures(args.dir)
     else:
         from .selfcheck import cmd_selfcheck
         cmd_selfcheck()

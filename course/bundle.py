@@ -1,12 +1,6 @@
-"""The Gradescope bundle: what it carries, how it installs, how it grades.
-
-It carries the grader (course/ without the planted mistakes, the handout writer or selfcheck),
-the reference tokencredit.py (the other exercises of a submission run beside it), the tests (the
-official hidden set, tests/test_official.py, in place of the students' test_hidden.py), the
-map, and its configuration: the set, the secret that seeds each file's fresh inputs (or one seed
-for all) and the limits. setup.sh installs bubblewrap and what grading imports (CPU torch, numpy,
-pytest); the students' code then runs in bubblewrap sandboxes (course/grading.py), one process
-per exercise. Where the image cannot run bubblewrap, results.json says so.
+"""The Gradescope bundle (docs/course.md, "Gradescope"): the grader without the planted mistakes,
+the handout writer or selfcheck; the reference; the official tests; the map; the set, secret (or
+seed) and limits. setup.sh installs bubblewrap and what grading imports; run_autograder grades.
 """
 
 import json
@@ -69,8 +63,7 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         for name in MODULES:
             z.write(os.path.join(HERE, name), f"course/{name}")
-        z.writestr("course/exercises.py", strip_selfcheck(read(os.path.join(HERE,
-                                                                           "exercises.py"))))
+        z.writestr("course/exercises.py", strip_selfcheck(read(os.path.join(HERE, "exercises.py"))))
         z.write(os.path.join(ROOT, "tokencredit.py"), "tokencredit.py")
         for path in tests.values():  # test_tokencredit.py and the official hidden set
             z.write(path, os.path.relpath(path, ROOT))
@@ -86,8 +79,7 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
     print(f"wrote {out}: a Gradescope autograder for set {set_name} (exercises "
           f"{', '.join(map(str, SETS[set_name]))}), fresh inputs from "
           + (f"seed {seed}" if seed is not None else "each file's seed (COURSE_SECRET's)")
-          + "; students "
-          f"submit their tokencredit.py and written.txt")
+          + "; students submit their tokencredit.py and written.txt")
 
 
 def cmd_autograde(root: str) -> None:
@@ -100,7 +92,6 @@ def cmd_autograde(root: str) -> None:
     results = os.path.join(root, "results", "results.json")
     os.makedirs(os.path.dirname(results), exist_ok=True)
     reference = read(os.path.join(ROOT, "tokencredit.py"))
-    flags = []
     answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
     try:
         student, source, extras = find_student(os.path.join(root, "submission"))

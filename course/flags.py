@@ -63,14 +63,8 @@ def scan(source: str, extra_files=()) -> list:
              and node.func.id == "_check_inputs" and node.args
              and isinstance(node.args[0], ast.Call) and isinstance(node.args[0].func, ast.Name)
              and node.args[0].func.id == "locals" and not node.args[0].args}
-    modules = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                modules.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                modules.add(alias.asname or alias.name)
+    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
         said = None
@@ -98,12 +92,10 @@ def scan(source: str, extra_files=()) -> list:
         elif isinstance(node, ast.Attribute):
             if node.attr in MODULES:
                 said = f"reaches {node.attr} through an attribute"
-            elif node.attr in FRAMES or (node.attr.startswith("__") and node.attr.endswith("__")
-                                         and node.attr not in DUNDERS_OK):
+            elif reaches(node.attr):  # a frame's insides, a dunder
                 said = f"uses the attribute {node.attr}"
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
-                else [node.target]
+            targets = node.targets if hasattr(node, "targets") else [node.target]
             for target in targets:
                 root = target
                 while isinstance(root, (ast.Attribute, ast.Subscript)):

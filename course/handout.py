@@ -8,18 +8,18 @@ import re
 import shutil
 
 from . import written
-from .bundle import strip_selfcheck
-from .exercises import EXERCISES, SETS, names as exercise_names
+from .bundle import MODULES, strip_selfcheck
+from .exercises import SETS, names as exercise_names
 from .grading import (HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_files,
                       test_map)
 from .source import blank, code_part, functions, kept_statements, snapshot_tests, span
 
-# what a handout holds: not the other solutions, nor the pages that quote the code
+# what a handout holds: not the other solutions, nor the pages that quote the code; the
+# bundle's course/ and this writer (written.py and exercises.py: stripped, in write_handout)
 HANDOUT = ("tokencredit.py", TESTS, HIDDEN, "tests/conftest.py", "train_tiny.py", "tiny_task.py",
            "lab", "requirements.txt", ".ci/constraints.txt", "LICENSE", "docs/course.md",
-           "docs/lab.md", "docs/credit.png", "docs/cscr-sweep.png", "results")
-COURSE_FILES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
-                "grading.py", "report.py", "flags.py", "bundle.py", "handout.py")
+           "docs/lab.md", "docs/credit.png", "docs/cscr-sweep.png", "results",
+           *(f"course/{name}" for name in MODULES + ("handout.py",) if name != "written.py"))
 LEFT_OUT = ("onestep.md", "tests/test_translation.py", "tokencredit_trl", "test_trl_tokencredit.py",
             "tokencredit_verl", "test_verl_plugin.py", "verl.md", "bench", "test_course.py",
             "test_docs.py", "test_train_tiny.py", "speed.md", "translation.md", "trl.md",
@@ -101,8 +101,7 @@ def strip_lab(page: str) -> tuple:
 def all_answers() -> list:
     _, found = strip_answers(read(os.path.join(ROOT, "docs", "course.md")))
     _, lab = strip_lab(read(os.path.join(ROOT, "docs", "lab.md")))
-    return (found + [f"\nFrom docs/lab.md:\n{block}" for block in lab]
-            + [written.answers_block()])
+    return found + [f"\nFrom docs/lab.md:\n{block}" for block in lab] + [written.answers_block()]
 
 
 def handout_map(reference: str) -> dict:
@@ -121,9 +120,6 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dic
             shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(src, target)
-    os.makedirs(os.path.join(out, "course"), exist_ok=True)
-    for name in COURSE_FILES:
-        shutil.copy(os.path.join(HERE, name), os.path.join(out, "course", name))
     lab, _ = strip_lab(read(os.path.join(ROOT, "docs", "lab.md")))
     files = {"tokencredit.py": blank(reference, exercises),
              TESTS: snapshot_tests(read(os.path.join(ROOT, TESTS)), SNAPSHOTS),
@@ -176,8 +172,6 @@ def cmd_handout(out: str, set_name: str, answers: bool) -> None:
 
 def cmd_answers(out) -> None:
     found = all_answers()
-    if not found:
-        raise SystemExit("course: this copy of the sheet holds no answers")
     text = "# Answers to docs/course.md, for the instructor\n" + "".join(found)
     if out:
         with open(out, "w") as f:

@@ -37,24 +37,18 @@ STYLE = {"svg.hashsalt": "tokencredit-lecture", "svg.fonttype": "none", "font.si
          "axes.titlesize": 14, "axes.labelsize": 14, "legend.fontsize": 12}
 
 
-def group_mask() -> tuple:
-    """GROUP's lengths (a character a token, and <eos> when finished) and mask (4, 48)."""
-    lengths = torch.tensor([len(text) + finished for _, text, finished in GROUP])
-    return lengths, torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
-
-
-def sample_token_weights(plt) -> str:
+def sample_token_weights(ax) -> str:
     """a. The weight of each token of GROUP's answers under "sample" and "token"."""
-    lengths, mask = group_mask()
+    lengths = torch.tensor([len(text) + finished for _, text, finished in GROUP])  # chars, <eos>
+    mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (4, 48)
     correct = [tiny_task.verify(PROMPT, text, done) for _, text, done in GROUP]
-    fig, ax = plt.subplots(figsize=(10, 5.6))
     said = []
-    for k, (mode, color) in enumerate((("sample", "tab:blue"), ("token", "tab:orange"))):
+    for k, (mode, color, d_i) in enumerate((("sample", "tab:blue", "N |o_i|"),
+                                            ("token", "tab:orange", "sum_j |o_j|"))):
         w = tc.token_weights(mask, mode)  # (4, 48)
         x = torch.arange(len(GROUP)) + (k - 0.5) * 0.38
         bars = ax.bar(x.tolist(), (w[:, 0] * 1e3).tolist(), width=0.38, color=color,
-                      label=f'"{mode}": d_i = ' + ("N |o_i|" if mode == "sample" else
-                                                   "sum_j |o_j|"))
+                      label=f'"{mode}": d_i = {d_i}')
         shares = w.sum(dim=1).tolist()
         ax.bar_label(bars, [f"{s:.2f}" for s in shares], fontsize=11)
         said.append(f"{mode}: per token " + ", ".join(f"{v:.5f}" for v in w[:, 0].tolist())
@@ -70,9 +64,8 @@ def sample_token_weights(plt) -> str:
     return "lengths " + " ".join(map(str, lengths.tolist())) + "; " + "; ".join(said)
 
 
-def paired_effect(plt) -> str:
+def paired_effect(ax) -> str:
     """b. Token minus sample, seed by seed, with the mean's 95 % t-interval: the README's table."""
-    fig, ax = plt.subplots(figsize=(10, 5.6))
     said = []
     for y, (label, base, other) in enumerate(PAIRS):
         p = compare.paired(*(records.load_side(os.path.join(RESULTS, name + ".json"))
@@ -102,7 +95,7 @@ def paired_effect(plt) -> str:
     return "; ".join(said)
 
 
-def cscr_answer_weights(plt) -> str:
+def cscr_answer_weights(ax) -> str:
     """c. CSCR's u~_t on one right answer, each token given its class's mean sensitivity on
     the starting policy (results/readme.json's diagnosis): a picture of the weighting, not of
     one sampled answer's shifts."""
@@ -114,7 +107,6 @@ def cscr_answer_weights(plt) -> str:
     mean_s = [by_class[name]["mean_sensitivity"] for name in credit.CLASSES]
     s = torch.tensor([mean_s[c] for c in classes.tolist()])[None]  # (1, T)
     mask = torch.ones_like(s, dtype=torch.bool)
-    fig, ax = plt.subplots(figsize=(10, 5.6))
     ax.axhline(1, color="black", linewidth=1.5, linestyle="--", label="strength 0 (GRPO)")
     said = ["mean sensitivity " + ", ".join(f"{n} {v:.3f}" for n, v in zip(credit.CLASSES, mean_s))]
     for strength, marker in zip(CSCR_STRENGTHS, "osD"):
@@ -137,7 +129,7 @@ def cscr_answer_weights(plt) -> str:
     return "; ".join(said)
 
 
-def dynamic_sampling(plt) -> str:
+def dynamic_sampling(ax) -> str:
     """d. Groups sampled, informative and kept per update: the dapo preset, seed 0, as logged."""
     run = records.load_run(os.path.join(RESULTS, "readme.json"))
     u = records.seed_run((run, "dapo"), 0)["updates"]
@@ -145,7 +137,6 @@ def dynamic_sampling(plt) -> str:
     B = args["prompts_per_step"]
     seen = [rounds * B for rounds in u["rounds"]]
     informative = [round(frac * n) for frac, n in zip(u["kept_frac"], seen)]
-    fig, ax = plt.subplots(figsize=(10, 5.6))
     for values, color, label in ((seen, "#c6dbef", "sampled (16 per round)"),
                                  (informative, "#6baed6", "informative: 0 < #correct < G"),
                                  (u["groups"], "#08519c", "kept in the batch")):
@@ -153,8 +144,7 @@ def dynamic_sampling(plt) -> str:
     ax.axhline(B, color="black", linewidth=1)
     top = max(u["rounds"])
     ax.set_yticks([B * k for k in range(top + 1)])
-    ax.set_yticklabels(["0"] + [f"{B * k} = {k} round{'s' * (k > 1)}" for k in
-                                range(1, top + 1)])
+    ax.set_yticklabels(["0"] + [f"{B * k} = {k} round{'s' * (k > 1)}" for k in range(1, top + 1)])
     ax.set_ylim(0, B * top + 14)
     ax.set_xlim(0.3, len(u["step"]) + 0.7)
     ax.set_xlabel("policy update")
@@ -172,11 +162,10 @@ def dynamic_sampling(plt) -> str:
             f"{sum(informative[-10:]) / sum(seen[-10:]):.2f}")
 
 
-def kl_k3_curve(plt) -> str:
+def kl_k3_curve(ax) -> str:
     """e. GRPO's k3 KL estimate of one token against log r, beside the plain log-ratio."""
     log_r = torch.linspace(-2, 2, 201)
     k3 = tc.kl_k3(torch.zeros(1, len(log_r)), log_r[None])[0]  # logp 0, ref_logp log r
-    fig, ax = plt.subplots(figsize=(10, 5.6))
     ax.plot(log_r.tolist(), k3.tolist(), linewidth=2.5, label="k3 = r - log r - 1 (kl_k3)")
     ax.plot(log_r.tolist(), (-log_r).tolist(), linewidth=2, linestyle="--",
             label="-log r, the plain log-ratio")
@@ -200,26 +189,20 @@ FIGURES = {"sample-token-weights.svg": sample_token_weights, "paired-effect.svg"
            "kl-k3.svg": kl_k3_curve}
 
 
-def write_figures(out_dir: str) -> dict:
-    """Each figure of FIGURES into out_dir. Returns {file name: the numbers it shows}."""
+def cmd_lecture_figures(out_dir: str) -> None:
+    """Each figure of FIGURES into out_dir, and the numbers it shows."""
     import matplotlib
+    started = time.monotonic()
     plt = plots.pyplot()
     os.makedirs(out_dir, exist_ok=True)
-    said = {}
     with matplotlib.rc_context(STYLE):
         for name, draw in FIGURES.items():
-            path = os.path.join(out_dir, name)
-            said[name] = draw(plt)
-            fig = plt.gcf()
+            fig, ax = plt.subplots(figsize=(10, 5.6))
+            numbers = draw(ax)
             fig.tight_layout()
             # no date and no matplotlib version: the bytes change only when the figure does
-            fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None})
+            fig.savefig(os.path.join(out_dir, name), format="svg",
+                        metadata={"Date": None, "Creator": None})
             plt.close(fig)
-    return said
-
-
-def cmd_lecture_figures(out_dir: str) -> None:
-    started = time.monotonic()
-    for name, numbers in write_figures(out_dir).items():
-        print(f"{os.path.join(out_dir, name)}: {numbers}")
+            print(f"{os.path.join(out_dir, name)}: {numbers}")
     print(f"({time.monotonic() - started:.1f} s)")

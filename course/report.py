@@ -26,18 +26,13 @@ def notes(row: dict) -> list:
     return out + row["notes"]
 
 
-def failures(row: dict) -> list:
-    """The failing tests worth reading: not those of a function not written yet."""
-    k = row["k"]
-    return [(t, f) for t, f in row["failed"].items() if not (row["blank"] and blocker(f) == k)]
-
-
 def details(row: dict, shown=SHOWN) -> list:
     lines = []
     if len(row["per_function"]) > 1 or row["failed"]:
         lines.append("    " + ", ".join(f"{n} {p}/{t} tests {got:g}/{share:g} points"
                                         for n, (p, t, got, share) in row["per_function"].items()))
-    listed = failures(row)
+    listed = [(t, f) for t, f in row["failed"].items()  # not those of a function not written yet
+              if not (row["blank"] and blocker(f) == row["k"])]
     for test, failure in listed[:shown]:
         lines.append(f"    FAILED {test}")
         lines += [f"        {ln[:400]}" for ln in failure.splitlines()[:14]]

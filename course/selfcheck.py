@@ -20,8 +20,7 @@ from .source import apply_edits, blank
 
 
 def plants():
-    return ([(k, what, edits, "mistake") for k, what, edits in MISTAKES]
-            + [(k, what, edits, "correct") for k, what, edits in CORRECT]
+    return ([p + ("mistake",) for p in MISTAKES] + [p + ("correct",) for p in CORRECT]
             + [ENDLESS + ("endless",)])
 
 
@@ -114,8 +113,6 @@ def check_handouts(reference: str, official: dict, sets=SETS) -> list:
     and each plant's own exercise graded as the official grade grades it."""
     problems = []
     answers, mapping = all_answers(), handout_map(reference)
-    if not answers:
-        problems.append("docs/course.md holds no <details> answers")
     with tempfile.TemporaryDirectory(prefix="handout-") as tmp:
         for set_name, exercises in sets.items():
             out = os.path.join(tmp, set_name)

@@ -47,11 +47,10 @@ def blank(source: str, exercises=(), names=()) -> str:
     lines, defs, edits = source.splitlines(keepends=True), functions(source), []
     for name in [n for k in exercises for n in exercise_names(k)] + list(names):
         body, keep = defs[name].body, kept_statements(defs[name])
+        after = body[keep - 1].end_lineno if keep else body[0].lineno - 1
         indent = " " * body[keep].col_offset
-        edits.append((body[keep - 1].end_lineno if keep else body[0].lineno - 1,
-                      body[-1].end_lineno,
-                      f'{indent}raise NotImplementedError("exercise {EXERCISE_OF[name]}: '
-                      f'{name}")\n'))
+        stub = f'{indent}raise NotImplementedError("exercise {EXERCISE_OF[name]}: {name}")\n'
+        edits.append((after, body[-1].end_lineno, stub))
     for after, last, text in sorted(set(edits), reverse=True):
         lines[after:last] = [text]
     return "".join(lines)

@@ -1,16 +1,11 @@
 """The written part: the sheet's pencil and lab questions as one plain-text answer form per set
 (written.txt), handed in beside tokencredit.py, and its grade.
 
-QUESTIONS is the instructor's table, one row per answer, in the form's order. A row whose
-`expected` is a number is graded automatically: right when |answer - expected| <= max(abs,
-rel * |expected|), else 0. A row whose `expected` is a text is the rubric of an answer graded by
-hand: the CSV leaves its score empty for the TA. A set's form holds the rows of its exercises (a
-lab question sits with the exercise it builds on). Every number is an answer of docs/course.md;
-tests/test_written.py recomputes the pencil ones with tokencredit.py.
-
-The form is data: the grader reads it as text (at most 64 KB), before the student's code runs,
-and never imports or runs it. A handout carries this file without QUESTIONS; a Gradescope bundle
-carries it whole, readable by root alone.
+QUESTIONS is the instructor's table, one row per answer, in the form's order: a number is graded
+here, right when |answer - expected| <= max(abs, rel * |expected|); a text is a rubric, graded by
+hand (docs/course.md, "The written form"). The form is data: read as text (at most 64 KB) before
+the student's code runs, never imported or run. A handout carries this file without QUESTIONS; a
+Gradescope bundle carries it whole, readable by root alone.
 """
 
 import os
@@ -160,8 +155,8 @@ def public(exercises) -> list:
 
 def tolerance(q) -> str:
     """How close a number must come: "to within ±0.01", "to within ±1 %", or "exactly"."""
-    parts = ([f"±{q['abs']:g}"] if q["abs"] else []) + ([f"±{q['rel'] * 100:g} %"] if q["rel"]
-                                                         else [])
+    parts = [f"±{q['abs']:g}"] if q["abs"] else []
+    parts += [f"±{q['rel'] * 100:g} %"] if q["rel"] else []
     return "to within " + " or ".join(parts) if parts else "exactly"
 
 
@@ -258,8 +253,8 @@ def grade(form: tuple, exercises, table=None) -> tuple:
         elif q["number"] and number(answer) is None:
             row["said"] = f"{answer[:40]!r} is not a number (write one such as 0.5, -1.25, 5e-4)"
         elif not q["number"]:
-            row.update(read=True, points=None, said=f"received: {q['points']:g} points, graded "
-                       "by hand")
+            row.update(read=True, points=None,
+                       said=f"received: {q['points']:g} points, graded by hand")
         elif q["expected"] is None:
             row.update(read=True, said="read")
         else:
@@ -334,15 +329,14 @@ def csv_header(exercises) -> list:
 
 
 def csv_cells(rows: list, problems: list) -> list:
-    """The written columns: the numbers' points, an empty cell for each answer the TA grades
-    (0 when there is none), the answers, and what was expected where a number is not right."""
+    """The written columns: the numbers' points, an empty cell for each answer the TA grades (0
+    when none), the answers (__main__'s cell() escapes them), what was expected where wrong."""
     auto = [r for r in rows if r["number"]]
     out = [f"{sum(r['points'] for r in auto):.2f}", f"{sum(r['max'] for r in auto):g}",
            f"{sum(r['max'] for r in rows if not r['number']):g}"]
     for r in rows:
         cell = "" if r["points"] is None else f"{r['points']:g}"
-        answer = "'" + r["answer"] if r["answer"][:1] in ("=", "+", "-", "@") else r["answer"]
-        out += [cell] if r["number"] else [cell, answer]
+        out += [cell] if r["number"] else [cell, r["answer"]]
     return out + ["; ".join(notes(rows, problems, True))]
 
 
