@@ -1,22 +1,13 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
 The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
-folder no sandbox sees, and forks the others) before any submission is read, then grades one
-submission at a time: exercise k of a submission is one job, a child process of its own with the
-instructor's limits, on the worker its place in the set gives (n mod the workers).
-
-Isolation is bubblewrap's (`sandbox_argv`). The driver starts each zygote (course/child.py) in a
-sandbox of its own: its own PID, mount, network, IPC and user namespaces, a size-limited tmpfs as
-its only writable folder, read-only views of /usr, the Python and the child's two files, nothing
-else (no class folder, no tests, no reference, only its own /proc). A submission's jobs get
-sandboxes no submission has used, one a worker; when they are done, the driver kills each
-whole (its PID 1, so every process in it). Ahead of a class (grade-all), the next submissions'
-sandboxes start while one is graded. As root each sandbox also runs under a uid of its own
-(SANDBOX_UID + n), so that the process limit binds (root is exempt), even where that uid cannot
-reach the Python (ENTER). Without bwrap the report and the CSV say "no sandbox" and grade-all
-refuses unless --no-sandbox-ok. What a child sends is bounded (course/judge.py,
-course/protocol.py): each message whole by its test's deadline, its header parsed only under
-2 MB, its text escaped here.
+folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
+is one job, a child process with the instructor's limits, on worker n mod the workers (n: its
+place in the set). Each worker's jobs of a submission run in a bubblewrap sandbox no submission
+has used (`sandbox_argv`), killed whole when they are done; as root, under a uid of its own
+(ENTER). Without bwrap the report and the CSV say "no sandbox" and grade-all refuses unless
+--no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py) and its
+text escaped here (`clean`).
 """
 
 import hashlib
@@ -263,16 +254,13 @@ class Driver:
         workers = [dict(process=process, channel=ours, buffer=b"", job=None, log=log, box=None,
                         closed=False) for ours, _ in pairs]
         for worker in workers:
-            self.wait_ready(worker)
+            message = self.next_message(worker, time.monotonic() + 300)
+            if not message or not message.get("ready"):
+                log.flush()
+                raise SystemExit("course: the judge did not start: "
+                                 + (message or {}).get("error", read(log.name)[-3000:]))
+            self.tests, worker["pid"] = message["tests"], message["pid"]
         return workers
-
-    def wait_ready(self, worker) -> None:
-        message = self.next_message(worker, time.monotonic() + 300)
-        if not message or not message.get("ready"):
-            worker["log"].flush()
-            raise SystemExit("course: the judge did not start: "
-                             + (message or {}).get("error", read(worker["log"].name)[-3000:]))
-        self.tests, worker["pid"] = message["tests"], message["pid"]
 
     def next_message(self, worker, deadline):
         """The worker's next line as a dict, or None by the deadline (or if it is not one)."""
@@ -347,8 +335,8 @@ class Driver:
         return [results[job["id"]] for job in jobs]
 
     def close(self) -> None:
-        """The judges hold nothing left to say: killed, not asked (a Python with torch takes
-        a second to exit); their sandboxes die with them (--die-with-parent)."""
+        """The judges and the sandboxes killed, not asked (a Python with torch takes a second to
+        exit)."""
         for worker in self.pool:
             self.kill_worker(worker)
             worker["log"].close()
@@ -702,7 +690,6 @@ class Grader:
         return self.driver.sandbox if self.driver else find_sandbox()
 
     def sandbox_line(self) -> str:
-        """What isolated the students' code, for the report."""
         box = self.sandbox()
         if box is None:
             return "NO SANDBOX: " + NO_SANDBOX
