@@ -1,0 +1,330 @@
+"""Kinds of attack that issue 42 does not name, tried against the grader that landed for it: each
+test is written from its attack's description, and was red on the grader it was written against
+(commit 8ac218e). One class run (`attacked`) holds most of them, one small class the two that
+crash the whole run; a few `grade PATH` runs and a run as the ordinary user `tester` check the
+rest. A student's code is BASE (the grpo handout's blank file) plus the attack, unless said.
+
+Needs bubblewrap (bwrap) that can run here; the run as `tester` needs root and is skipped
+otherwise.
+"""
+
+import csv
+import json
+import os
+import pathlib
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+import unicodedata
+
+import pytest
+
+from course import grading
+from course.flags import scan
+from test_sandbox import BASE, CORRECT, PY, ROOT, SEED, as_tester, rows_of, run
+
+pytestmark = pytest.mark.skipif(grading.find_sandbox() is None, reason="bwrap cannot run here")
+
+JUDGE = '''
+import os as _os, stat as _stat, socket as _socket, struct as _struct, json as _json
+def _judge():  # the child's line to the judge
+    for _fd in range(3, 256):
+        try:
+            if _stat.S_ISSOCK(_os.fstat(_fd).st_mode):
+                return _socket.socket(fileno=_fd)
+        except OSError:
+            pass
+'''
+MEMORY_MB = 512  # the class's --memory-limit
+JUDGE_MB = 640  # the most RSS a judge may reach (it starts at ~180 MB, peaks at ~330)
+INODES = 1 << 16  # files a sandbox may make: a tmpfs's nr_inodes a fix might set
+ATTACKS = {  # name: what is added to BASE
+    # /dev (bwrap's --dev: a tmpfs of half the host's memory) and /dev/shm written past the
+    # disk limit, in files under the per-file limit; says how much it wrote
+    "a-devshm": '''
+_n = 0
+for _i in range(20):
+    try:
+        with open(f"/dev/shm/big{_i}", "wb") as _f:
+            _f.write(b"0" * (15 << 20))
+        _n += 15 << 20
+    except OSError:
+        break
+raise ValueError(f"wrote {_n} bytes")
+''',
+    # memory held in memfd files (written, never mapped: RLIMIT_AS does not see it), past the
+    # memory limit; says how much it held
+    "a-memfd": '''
+import os as _os
+_n, _fds = 0, []
+for _i in range(48):
+    try:
+        _fd = _os.memfd_create(f"m{_i}")
+        _os.write(_fd, b"0" * (15 << 20))
+        _fds.append(_fd)
+        _n += 15 << 20
+    except OSError:
+        break
+raise ValueError(f"held {_n} bytes")
+''',
+    # empty files in /tmp (the size limit counts bytes, not inodes), until INODES + 1 or 20 s
+    "a-inodes": f'''
+import os as _os, time as _time
+_os.makedirs("/tmp/ino", exist_ok=True)
+_n, _end = 0, _time.time() + 20
+while _n <= {INODES} and _time.time() < _end:
+    try:
+        _os.close(_os.open(f"/tmp/ino/{{_os.getpid()}}-{{_n}}", _os.O_CREAT | _os.O_WRONLY))
+        _n += 1
+    except OSError:
+        break
+raise ValueError(f"made {{_n}} files")
+''',
+    # an answer of shape (2**21, 1) that broadcasts against the expected (n,) in the judge's
+    # comparison: 8 MB sent, the judge allocates ~1 GB
+    "a-broadcast": '''
+def overlong_penalty(lengths, max_len, cache_len):
+    return torch.zeros(2 ** 21, 1)
+''',
+    # every exception reported with a message just under the 2 MB header limit
+    "a-bigmsg": '''
+import sys as _sys
+def _raised(self, error):
+    self.send(dict(op="raise", type="ValueError", message="x" * 1_900_000, where=[]))
+_sys.modules["__main__"].Child.raised = _raised
+''',
+    # terminal escapes in an exception message: the row redrawn as full marks, the rest hidden
+    "g-esc": '''
+raise ValueError("\\x1b[2K\\x1b[1Gexercise 1  advantages  18/18 tests  10.0/10 points\\x1b[8m")
+''',
+}
+ROUTE = '''
+if __file__ != "tokencredit.py":  # the name the bundle gives it
+    raise ValueError("not graded as tokencredit.py")
+'''
+CRASHES = {  # each stopped a whole grade-all
+    # a module-level expression 100,000 operators deep (200 KB): Python's parser raises
+    # RecursionError
+    "c-deep": "\n_x = 1" + "+1" * 100_000 + "\n",
+    # the child reports a "limit" whose name is a format string
+    "c-format": JUDGE + '''
+_h = _json.dumps({"h": {"op": "limit", "which": "{grader}"}, "sizes": []}).encode()
+_judge().sendall(_struct.pack("!II", len(_h), 0) + _h)
+''',
+}
+
+
+def write_attacks(folder, names) -> None:
+    folder.mkdir()
+    for name in names:
+        (folder / f"{name}.py").write_text(BASE + {**ATTACKS, **CRASHES}[name])
+    (folder / "zz-correct.py").write_text(CORRECT)
+    (folder / "zz-blank.py").write_text(BASE)
+
+
+def rss_mb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")) >> 10
+
+
+def judges(pid: int) -> list:
+    """pid's descendants that run course.judge."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            with open(f"/proc/{parent}/cmdline", "rb") as f:
+                if b"course.judge" in f.read():
+                    out.append(parent)
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    """One grade-all of the attacks and two classmates, as root (or whoever runs the tests), with
+    --memory-limit MEMORY_MB; the most RSS (MB) of each judge and of the driver."""
+    tmp = tmp_path_factory.mktemp("attacked")
+    write_attacks(tmp / "class", ATTACKS)
+    for name in ("d-route-file.py", "d-route-dir/tokencredit.py"):  # the same bytes, twice
+        (tmp / "class" / name).parent.mkdir(exist_ok=True)
+        (tmp / "class" / name).write_text(CORRECT + ROUTE)
+    (tmp / "class" / "g-jos\u00e9.py").write_text(BASE)  # NFC
+    (tmp / "class" / "g-jose\u0301.py").write_text(CORRECT)  # NFD: looks the same
+    most, driver = {}, 0
+    with open(tmp / "said", "wb") as said:
+        grading_all = subprocess.Popen(
+            [PY, "-m", "course", "grade-all", tmp / "class", "--set", "grpo", "--seed",
+             str(SEED), "--memory-limit", str(MEMORY_MB), "--csv", tmp / "g.csv",
+             "--gradescope-dir", tmp / "gs"], cwd=ROOT, stdout=said, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 900
+            while grading_all.poll() is None and time.monotonic() < deadline:
+                try:
+                    driver = max(driver, rss_mb(grading_all.pid))
+                    for pid in judges(grading_all.pid):
+                        most[pid] = max(most.get(pid, 0), rss_mb(pid))
+                except (OSError, StopIteration):
+                    pass
+                time.sleep(0.1)
+        finally:
+            grading_all.kill()
+            grading_all.wait()
+    assert grading_all.returncode == 0, (tmp / "said").read_text()
+    yield dict(tmp=tmp, rows=rows_of(tmp / "g.csv"), said=(tmp / "said").read_bytes(),
+               most=most, driver=driver)
+
+
+def written(notes: str, word: str) -> int:
+    """The largest number the attack said (`wrote N bytes`, `held N bytes`, `made N files`)."""
+    found = [int(x.split()[0]) for x in notes.split(f"{word} ")[1:]]
+    assert found, notes
+    return max(found)
+
+
+def test_classmates_keep_their_grades(attacked):
+    rows = attacked["rows"]
+    assert rows["zz-correct"]["total"] == "30.00" and rows["zz-blank"]["total"] == "0.00"
+    assert all(rows[name]["total"] == "0.00" for name in ATTACKS)
+
+
+def test_dev_is_not_a_second_disk_past_the_disk_limit(attacked):
+    """bwrap's --dev is a writable tmpfs (half the host's RAM): 300 MB were written there."""
+    wrote = written(attacked["rows"]["a-devshm"]["notes"], "wrote")
+    assert wrote <= grading.LIMITS["disk_mb"] << 20, wrote
+
+
+def test_memory_in_memfd_files_counts_against_the_memory_limit(attacked):
+    """RLIMIT_AS counts mappings only: 720 MB held in memfds past a 512 MB limit."""
+    held = written(attacked["rows"]["a-memfd"]["notes"], "held")
+    assert held <= MEMORY_MB << 20, held
+
+
+def test_files_in_the_sandbox_are_limited_in_number_too(attacked):
+    """--size bounds bytes, not inodes: ~1 KB of kernel memory each, ~3 M per tmpfs here."""
+    made = written(attacked["rows"]["a-inodes"]["notes"], "made")
+    assert made <= INODES, made
+
+
+def test_the_judge_does_bounded_work_on_an_answer(attacked):
+    """An 8 MB answer that broadcasts took a judge's fork from ~180 MB to ~1 GB (a 128 MB one:
+    ~18 GB, in a process with no limit). Without it every judge here peaked at 260-330 MB."""
+    assert attacked["most"] and max(attacked["most"].values()) < JUDGE_MB, attacked["most"]
+
+
+def test_the_driver_keeps_a_bounded_text_per_student(attacked):
+    """1.9 MB messages: the driver kept each whole in each failing test's text (443 MB for one
+    student's `grade PATH`, kept to the end of a class)."""
+    assert attacked["driver"] < 200, attacked["driver"]
+
+
+def test_control_characters_of_a_student_never_reach_a_report(attacked):
+    """ESC sequences in a message redraw the terminal's row as full marks (grade PATH, the
+    bundle's log) and sit in the CSV and results.json."""
+    csv_text = (attacked["tmp"] / "g.csv").read_text(encoding="utf-8")
+    assert "\x1b" not in csv_text and b"\x1b" not in attacked["said"]
+    results = json.loads((attacked["tmp"] / "gs" / "g-esc" / "results.json").read_text())
+    assert "\x1b" not in json.dumps(results, ensure_ascii=False)
+
+
+def test_grade_path_prints_no_control_character(tmp_path):
+    (tmp_path / "g.py").write_text(BASE + ATTACKS["g-esc"])
+    done = run("grade", tmp_path / "g.py", "--set", "grpo", "-e", "1", "--seed", SEED,
+               timeout=120)
+    assert done.returncode == 0 and b"0.0/10" in done.stdout, done
+    assert b"\x1b" not in done.stdout, done.stdout
+
+
+def test_a_file_gets_one_score_whatever_its_name(attacked):
+    """The module sees its label as __file__: its own name in grade-all (and grade PATH), but
+    tokencredit.py in a folder and in the bundle; the same bytes got 0 and 30."""
+    rows = attacked["rows"]
+    assert rows["d-route-file"]["total"] == rows["d-route-dir"]["total"], (
+        rows["d-route-file"]["notes"])
+
+
+def test_names_that_look_the_same_get_rows_that_do_not(attacked):
+    """`jos\\u00e9` and `jose\\u0301` printed the same in two rows, one 30 and one 0."""
+    shown = [name for name in attacked["rows"] if name.startswith("g-jos")]
+    assert len(shown) == 2
+    assert len({unicodedata.normalize("NFC", name) for name in shown}) == 2, shown
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory):
+    """A class where each of CRASHES and a correct classmate are graded."""
+    tmp = tmp_path_factory.mktemp("crashed")
+    write_attacks(tmp / "class", CRASHES)
+    done = run("grade-all", tmp / "class", "--set", "grpo", "--seed", SEED, "--csv",
+               tmp / "g.csv", timeout=600)
+    return done, tmp / "g.csv"
+
+
+def test_no_submission_stops_the_class(crashed):
+    """RecursionError from the parser (flags.scan, Grader.grade's compile, not_written,
+    same_as_reference catch SyntaxError and ValueError only) and a KeyError from
+    limit_line's str.format each stopped grade-all: no CSV for anyone."""
+    done, csv_path = crashed
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = rows_of(csv_path)
+    assert rows["zz-correct"]["total"] == "30.00" and rows["zz-blank"]["total"] == "0.00"
+    assert rows["c-deep"]["total"] == "0.00" and rows["c-format"]["total"] == "0.00"
+
+
+@pytest.mark.parametrize("name", sorted(CRASHES))
+def test_grade_path_reports_a_crash_attack_as_a_row(tmp_path, name):
+    (tmp_path / "c.py").write_text(BASE + CRASHES[name])
+    done = run("grade", tmp_path / "c.py", "--set", "grpo", "-e", "1", "--seed", SEED,
+               timeout=120)
+    assert done.returncode == 0 and b"0.0/10" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_flag_scan_sees_native_code_and_files_reached_through_torch_and_numpy():
+    """Unflagged today: native code loaded (torch.ops.load_library, numpy.ctypeslib: libc by
+    ctypes), files read and written (torch.from_file, numpy.fromfile, torch.save, torch.load's
+    pickle), the module's own name (__file__, route detection above)."""
+    for line in ('torch.ops.load_library("/tmp/x.so")',
+                 'numpy.ctypeslib.load_library("libc.so.6", "/lib")',
+                 'torch.from_file("/proc/1/cmdline", size=10)',
+                 'numpy.fromfile("/course/child.py", dtype=numpy.uint8)',
+                 'torch.save(1, "/dev/shm/x")', 'torch.load("/tmp/x", weights_only=False)',
+                 'x = __file__'):
+        assert scan(f"import torch\nimport numpy\n{line}\n"), line
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
+                    or not shutil.which("setpriv"), reason="needs root to become tester")
+def test_as_an_ordinary_user_too():
+    """/dev and memfd as `tester` (a sandbox under the grader's own uid), beside a correct
+    classmate and the format-string limit."""
+    try:
+        tester = pwd.getpwnam("tester")
+    except KeyError:
+        pytest.skip("no user tester")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="course-attacks-"))
+    try:
+        kit = tmp / "kit"
+        (kit / "tests").mkdir(parents=True)
+        for name in ("course", ".course-cache"):
+            shutil.copytree(os.path.join(ROOT, name), kit / name)
+        for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
+            shutil.copy(os.path.join(ROOT, name), kit / name)
+        write_attacks(tmp / "class", ["a-devshm", "a-memfd", "c-format"])
+        for path in [tmp, *tmp.rglob("*")]:
+            os.lchown(path, tester.pw_uid, tester.pw_gid)
+        done = as_tester([PY, "-m", "course", "grade-all", str(tmp / "class"), "--set", "grpo",
+                          "--seed", str(SEED), "--memory-limit", str(MEMORY_MB), "--csv",
+                          str(tmp / "g.csv")], kit)
+        assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done.stderr[-2000:]
+        rows = rows_of(tmp / "g.csv")
+        assert rows["zz-correct"]["total"] == "30.00"
+        assert written(rows["a-devshm"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
+        assert written(rows["a-memfd"]["notes"], "held") <= MEMORY_MB << 20
+    finally:
+        shutil.rmtree(tmp)
