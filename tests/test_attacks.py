@@ -95,8 +95,10 @@ def _raised(self, error):
     self.send(dict(op="raise", type="ValueError", message="x" * 1_900_000, where=[]))
 _sys.modules["__main__"].Child.raised = _raised
 ''',
-    # terminal escapes in an exception message: the row redrawn as full marks, the rest hidden
+    # terminal escapes in an exception message (the row redrawn as full marks, the rest hidden)
+    # and in a string the flag scan quotes (a "dunder" that is an escape)
     "g-esc": '''
+_hidden = "__\\x1b[8m__"
 raise ValueError("\\x1b[2K\\x1b[1Gexercise 1  advantages  18/18 tests  10.0/10 points\\x1b[8m")
 ''',
 }
@@ -225,8 +227,8 @@ def test_the_driver_keeps_a_bounded_text_per_student(attacked):
 
 
 def test_control_characters_of_a_student_never_reach_a_report(attacked):
-    """ESC sequences in a message redraw the terminal's row as full marks (grade PATH, the
-    bundle's log) and sit in the CSV and results.json."""
+    """ESC sequences in a message (and in a flag's quoted string) redraw the terminal's row as
+    full marks (grade PATH, the bundle's log) and sit in the CSV and results.json."""
     csv_text = (attacked["tmp"] / "g.csv").read_text(encoding="utf-8")
     assert "\x1b" not in csv_text and b"\x1b" not in attacked["said"]
     results = json.loads((attacked["tmp"] / "gs" / "g-esc" / "results.json").read_text())
