@@ -110,6 +110,9 @@ CRASHES = {  # each stopped a whole grade-all
     # a module-level expression 100,000 operators deep (200 KB): Python's parser raises
     # RecursionError
     "c-deep": "\n_x = 1" + "+1" * 100_000 + "\n",
+    # a string of 1,500 additions: Python compiles it, but the flag scan's text_of and
+    # same_as_reference's ast.dump recurse past Python's limit (RecursionError)
+    "c-walk": '\n_x = getattr(torch, "a"' + ' + "a"' * 1500 + ')\n',
     # the child reports a "limit" whose name is a format string
     "c-format": JUDGE + '''
 _h = _json.dumps({"h": {"op": "limit", "which": "{grader}"}, "sizes": []}).encode()
@@ -270,13 +273,14 @@ def crashed(tmp_path_factory):
 
 def test_no_submission_stops_the_class(crashed):
     """RecursionError from the parser (flags.scan, Grader.grade's compile, not_written,
-    same_as_reference catch SyntaxError and ValueError only) and a KeyError from
-    limit_line's str.format each stopped grade-all: no CSV for anyone."""
+    same_as_reference catch SyntaxError and ValueError only) or from the grader's own recursion
+    over a tree that compiles (flags.text_of, ast.dump), and a KeyError from limit_line's
+    str.format, each stopped grade-all: no CSV for anyone."""
     done, csv_path = crashed
     assert done.returncode == 0, done.stderr[-2000:]
     rows = rows_of(csv_path)
     assert rows["zz-correct"]["total"] == "30.00" and rows["zz-blank"]["total"] == "0.00"
-    assert rows["c-deep"]["total"] == "0.00" and rows["c-format"]["total"] == "0.00"
+    assert all(rows[name]["total"] == "0.00" for name in CRASHES), rows
 
 
 @pytest.mark.parametrize("name", sorted(CRASHES))
