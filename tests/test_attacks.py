@@ -69,6 +69,25 @@ for _i in range(48):
         break
 raise ValueError(f"held {_n} bytes")
 ''',
+    # 4 forked processes, each writing 300 MB (RLIMIT_AS is per process; 64 processes are
+    # allowed), held at once; says how much
+    "a-forkmem": '''
+import os as _os, time as _time
+_r, _w = _os.pipe()
+_kids = []
+for _i in range(4):
+    _pid = _os.fork()
+    if _pid == 0:
+        try:
+            _x = b"1" * (300 << 20)
+            _os.write(_w, b"1")
+            _time.sleep(5)
+        finally:
+            _os._exit(0)
+    _kids.append(_pid)
+_got = sum(len(_os.read(_r, 1)) for _ in _kids)
+raise ValueError(f"held {_got * (300 << 20)} bytes in {_got} processes")
+''',
     # empty files in /tmp (the size limit counts bytes, not inodes), until INODES + 1 or 20 s
     "a-inodes": f'''
 import os as _os, time as _time
@@ -208,6 +227,12 @@ def test_dev_is_not_a_second_disk_past_the_disk_limit(attacked):
 def test_memory_in_memfd_files_counts_against_the_memory_limit(attacked):
     """RLIMIT_AS counts mappings only: 720 MB held in memfds past a 512 MB limit."""
     held = written(attacked["rows"]["a-memfd"]["notes"], "held")
+    assert held <= MEMORY_MB << 20, held
+
+
+def test_memory_of_a_submission_s_processes_counts_together(attacked):
+    """4 processes of 300 MB each held 1.2 GB past a 512 MB limit (64 x 2 GB by default)."""
+    held = written(attacked["rows"]["a-forkmem"]["notes"], "held")
     assert held <= MEMORY_MB << 20, held
 
 
