@@ -332,8 +332,8 @@ def test_the_flag_scan_sees_native_code_and_files_reached_through_torch_and_nump
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
                     or not shutil.which("setpriv"), reason="needs root to become tester")
 def test_as_an_ordinary_user_too():
-    """/dev and memfd as `tester` (a sandbox under the grader's own uid), beside a correct
-    classmate and the format-string limit."""
+    """/dev, memfd and forked memory as `tester` (a sandbox under the grader's own uid), beside
+    a correct classmate and the format-string limit."""
     try:
         tester = pwd.getpwnam("tester")
     except KeyError:
@@ -346,7 +346,7 @@ def test_as_an_ordinary_user_too():
             shutil.copytree(os.path.join(ROOT, name), kit / name)
         for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
             shutil.copy(os.path.join(ROOT, name), kit / name)
-        write_attacks(tmp / "class", ["a-devshm", "a-memfd", "c-format"])
+        write_attacks(tmp / "class", ["a-devshm", "a-memfd", "a-forkmem", "c-format"])
         for path in [tmp, *tmp.rglob("*")]:
             os.lchown(path, tester.pw_uid, tester.pw_gid)
         done = as_tester([PY, "-m", "course", "grade-all", str(tmp / "class"), "--set", "grpo",
@@ -357,5 +357,6 @@ def test_as_an_ordinary_user_too():
         assert rows["zz-correct"]["total"] == "30.00"
         assert written(rows["a-devshm"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
         assert written(rows["a-memfd"]["notes"], "held") <= MEMORY_MB << 20
+        assert written(rows["a-forkmem"]["notes"], "held") <= MEMORY_MB << 20
     finally:
         shutil.rmtree(tmp)
