@@ -118,7 +118,8 @@ _sys.modules["__main__"].Child.raised = _raised
     # and in a string the flag scan quotes (a "dunder" that is an escape)
     "g-esc": '''
 _hidden = "__\\x1b[8m__"
-raise ValueError("\\x1b[2K\\x1b[1Gexercise 1  advantages  18/18 tests  10.0/10 points\\x1b[8m")
+raise ValueError("\\x1b[2K\\x1b[1Gexercise 1  advantages  18/18 tests  10.0/10 points\\x1b[8m"
+                 "\\u202e stniop 01/01")  # a right-to-left override: "10/10 points " in a sheet
 ''',
 }
 ROUTE = '''
@@ -256,11 +257,14 @@ def test_the_driver_keeps_a_bounded_text_per_student(attacked):
 
 def test_control_characters_of_a_student_never_reach_a_report(attacked):
     """ESC sequences in a message (and in a flag's quoted string) redraw the terminal's row as
-    full marks (grade PATH, the bundle's log) and sit in the CSV and results.json."""
-    csv_text = (attacked["tmp"] / "g.csv").read_text(encoding="utf-8")
-    assert "\x1b" not in csv_text and b"\x1b" not in attacked["said"]
+    full marks (grade PATH, the bundle's log); they and a right-to-left override sit in the CSV
+    (where the override shows "10/10 points") and results.json."""
+    with open(attacked["tmp"] / "g.csv", encoding="utf-8") as f:
+        unprintable = [cell for row in csv.reader(f) for cell in row if not cell.isprintable()]
+    assert not unprintable, unprintable[:3]
+    assert b"\x1b" not in attacked["said"]
     results = json.loads((attacked["tmp"] / "gs" / "g-esc" / "results.json").read_text())
-    assert "\x1b" not in json.dumps(results, ensure_ascii=False)
+    assert not [t for t in results["tests"] if not t["output"].replace("\n", "").isprintable()]
 
 
 def test_grade_path_prints_no_control_character(tmp_path):
@@ -268,7 +272,7 @@ def test_grade_path_prints_no_control_character(tmp_path):
     done = run("grade", tmp_path / "g.py", "--set", "grpo", "-e", "1", "--seed", SEED,
                timeout=120)
     assert done.returncode == 0 and b"0.0/10" in done.stdout, done
-    assert b"\x1b" not in done.stdout, done.stdout
+    assert b"\x1b" not in done.stdout and "\u202e".encode() not in done.stdout, done.stdout
 
 
 def test_a_file_gets_one_score_whatever_its_name(attacked):
