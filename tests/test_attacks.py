@@ -245,7 +245,8 @@ def test_files_in_the_sandbox_are_limited_in_number_too(attacked):
 
 def test_the_judge_does_bounded_work_on_an_answer(attacked):
     """An 8 MB answer that broadcasts took a judge's fork from ~180 MB to ~1 GB (a 128 MB one:
-    ~18 GB, in a process with no limit). Without it every judge here peaked at 260-330 MB."""
+    ~14 GB by extrapolation, not run), in a process with no limit. Without it the judges here
+    peaked at 260-330 MB (530 with a-bigmsg's texts)."""
     assert attacked["most"] and max(attacked["most"].values()) < JUDGE_MB, attacked["most"]
 
 
