@@ -141,6 +141,9 @@ _judge().sendall(_struct.pack("!II", len(_h), 0) + _h)
 }
 
 
+LONG = "\u5f20\u4f1f" * 15  # a student's name of 30 CJK characters (90 bytes): 270 when quoted
+
+
 def write_attacks(folder, names) -> None:
     folder.mkdir()
     for name in names:
@@ -296,21 +299,25 @@ def crashed(tmp_path_factory):
     """A class where each of CRASHES and a correct classmate are graded."""
     tmp = tmp_path_factory.mktemp("crashed")
     write_attacks(tmp / "class", CRASHES)
+    (tmp / "class" / f"{LONG}.py").write_text(BASE)
     done = run("grade-all", tmp / "class", "--set", "grpo", "--seed", SEED, "--csv",
-               tmp / "g.csv", timeout=600)
+               tmp / "g.csv", "--gradescope-dir", tmp / "gs", timeout=600)
     return done, tmp / "g.csv"
 
 
 def test_no_submission_stops_the_class(crashed):
     """RecursionError from the parser (flags.scan, Grader.grade's compile, not_written,
     same_as_reference catch SyntaxError and ValueError only) or from the grader's own recursion
-    over a tree that compiles (flags.text_of, ast.dump), and a KeyError from limit_line's
-    str.format, each stopped grade-all: no CSV for anyone."""
+    over a tree that compiles (flags.text_of, ast.dump), a KeyError from limit_line's
+    str.format, and a name whose percent-quoted folder is over 255 bytes (ENAMETOOLONG, after
+    every grade: only g.csv.tmp is left) each stopped grade-all: no CSV for anyone."""
     done, csv_path = crashed
     assert done.returncode == 0, done.stderr[-2000:]
     rows = rows_of(csv_path)
     assert rows["zz-correct"]["total"] == "30.00" and rows["zz-blank"]["total"] == "0.00"
     assert all(rows[name]["total"] == "0.00" for name in CRASHES), rows
+    assert rows[LONG]["total"] == "0.00"
+    assert len(list((csv_path.parent / "gs").glob("*/results.json"))) == len(rows)
 
 
 @pytest.mark.parametrize("name", sorted(CRASHES))
