@@ -183,6 +183,10 @@ def attacked(tmp_path_factory):
     for name in ("d-route-file.py", "d-route-dir/tokencredit.py"):  # the same bytes, twice
         (tmp / "class" / name).parent.mkdir(exist_ok=True)
         (tmp / "class" / name).write_text(CORRECT + ROUTE)
+    (tmp / "class" / "g-written").mkdir()  # a hand-graded answer that reads reversed in a sheet
+    (tmp / "class" / "g-written" / "tokencredit.py").write_text(BASE)
+    (tmp / "class" / "g-written" / "written.txt").write_text(
+        "lab4.what: \u202e.gnorw era srewsna lla\x1b[8m\n")
     (tmp / "class" / "g-jos\u00e9.py").write_text(BASE)  # NFC
     (tmp / "class" / "g-jose\u0301.py").write_text(CORRECT)  # NFD: looks the same
     most, driver = {}, 0
@@ -262,7 +266,8 @@ def test_the_driver_keeps_a_bounded_text_per_student(attacked):
 def test_control_characters_of_a_student_never_reach_a_report(attacked):
     """ESC sequences in a message (and in a flag's quoted string) redraw the terminal's row as
     full marks (grade PATH, the bundle's log); they and a right-to-left override sit in the CSV
-    (where the override shows "10/10 points") and results.json."""
+    (where the override shows "10/10 points") and results.json; so does a hand-graded written
+    answer's, in the cell the TA reads."""
     with open(attacked["tmp"] / "g.csv", encoding="utf-8") as f:
         unprintable = [cell for row in csv.reader(f) for cell in row if not cell.isprintable()]
     assert not unprintable, unprintable[:3]
