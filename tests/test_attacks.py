@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 import unicodedata
+import zipfile
 
 import pytest
 
@@ -297,6 +298,44 @@ def test_names_that_look_the_same_get_rows_that_do_not(attacked):
     shown = [name for name in attacked["rows"] if name.startswith("g-jos")]
     assert len(shown) == 2
     assert len({unicodedata.normalize("NFC", name) for name in shown}) == 2, shown
+
+
+# without a sandbox (a Gradescope image where bwrap cannot run): the grader is an ancestor of the
+# student's process; write its results.json as full marks, then kill it before it writes its own
+FORGE = '''
+import os as _os, json as _json, signal as _signal
+_p = _os.getpid()
+while _p > 1:
+    with open(f"/proc/{_p}/stat") as _f:
+        _p = int(_f.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{_p}/cmdline", "rb") as _f:
+        _cmd = _f.read().split(b"\\0")
+    if b"autograde" in _cmd:
+        _out = _cmd[_cmd.index(b"--root") + 1].decode() + "/results"
+        _os.makedirs(_out, exist_ok=True)
+        with open(_out + "/results.json", "w") as _f:
+            _json.dump(dict(score=30.0, tests=[dict(name=f"exercise {_k}", score=10.0,
+                                                    max_score=10.0) for _k in (1, 3, 5)]), _f)
+        _os.kill(_p, _signal.SIGKILL)
+'''
+
+
+def test_the_bundle_grades_no_code_without_a_sandbox(tmp_path):
+    """The bundle on an image where bwrap cannot run grades anyway (cmd_autograde), as the
+    grader's user: a blank file wrote its own 30/30 results.json, without the "NO SANDBOX"
+    line results.json is said to carry, and killed the grader."""
+    assert run("gradescope", tmp_path / "ag.zip", "--set", "grpo", "--seed", SEED).returncode == 0
+    root = tmp_path / "ag"
+    with zipfile.ZipFile(tmp_path / "ag.zip") as z:
+        z.extractall(root / "source")
+    (root / "submission").mkdir()
+    (root / "submission" / "tokencredit.py").write_text(BASE + FORGE)
+    (tmp_path / "bin").mkdir()  # no bwrap on this PATH
+    subprocess.run(["/bin/bash", root / "source" / "run_autograder"], capture_output=True,
+                   env=dict(os.environ, AUTOGRADER_ROOT=root, PYTHON=PY,
+                            PATH=str(tmp_path / "bin")), timeout=600)
+    got = json.loads((root / "results" / "results.json").read_text())
+    assert got["score"] == 0 and "NO SANDBOX" in got.get("output", ""), got
 
 
 @pytest.fixture(scope="module")
