@@ -338,6 +338,25 @@ def test_the_bundle_grades_no_code_without_a_sandbox(tmp_path):
     assert got["score"] == 0 and "NO SANDBOX" in got.get("output", ""), got
 
 
+ENCODED = {  # a correct file as an editor may save it; Python imports each as it is
+    "bom": b"\xef\xbb\xbf" + CORRECT.encode(),  # UTF-8 with a BOM (Windows Notepad)
+    "latin-1": ("# -*- coding: latin-1 -*-\n# \u00e9tudiante: Ren\u00e9e\n"
+                + CORRECT).encode("latin-1"),  # a coding cookie (PEP 263)
+}
+
+
+@pytest.mark.parametrize("how", sorted(ENCODED))
+def test_a_file_python_reads_is_read_as_python_reads_it(tmp_path, how):
+    """read_submission decodes UTF-8 strictly: a BOM stays and compile() refuses U+FEFF; a
+    PEP 263 cookie is ignored and the bytes are refused. Python and pytest run both files."""
+    (tmp_path / "tokencredit.py").write_bytes(ENCODED[how])
+    python = subprocess.run([PY, "-c", "import tokencredit"], cwd=tmp_path, capture_output=True)
+    assert python.returncode == 0, python.stderr
+    done = run("grade", tmp_path / "tokencredit.py", "--set", "grpo", "-e", "1", "--seed", SEED,
+               timeout=120)
+    assert done.returncode == 0 and b"total 10.0/10" in done.stdout, done.stdout[-1500:]
+
+
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory):
     """A class where each of CRASHES and a correct classmate are graded."""
