@@ -102,13 +102,18 @@ def students_of(folder: str) -> list:
 
 
 def cell(value) -> str:
-    """A CSV cell that a spreadsheet shows as text: never a formula (=, +, -, @, tab, CR)."""
-    return "'" + str(value) if str(value)[:1] in ("=", "+", "-", "@", "\t", "\r") else str(value)
+    """A CSV cell that a spreadsheet shows as text: never a formula (=, +, -, @), one line, each
+    character that does not print escaped."""
+    text = written.printable(str(value)).replace("\t", "\\t").replace("\n", "\\n")
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
 
 
 def folder_of(out: str, name: bytes) -> str:
-    """OUT/NAME for a student's results.json: NAME percent-quoted (no /, no leading dot)."""
+    """OUT/NAME for a student's results.json: NAME percent-quoted (no /, no leading dot), a long
+    one cut and told apart by its hash."""
     safe = quote(name, safe="") or "%"
+    if len(safe) > 200:  # a file name may have 255 bytes
+        safe = safe[:180] + "-" + grading.sha(os.fsdecode(name))[:16]
     return os.path.join(out, "%2E" + safe[1:] if safe[0] == "." else safe)
 
 
@@ -150,8 +155,12 @@ def cmd_grade_all(args) -> None:
             except (ValueError, OSError) as error:
                 graded[name] = (zero_rows(where["exercises"], str(error)), [], answers)
                 continue
-            flags, seeds[name] = scan(source, extras), grader.seed_for(source)
-            rows = grader.grade(source, shown(os.path.basename(student)))
+            try:
+                flags, seeds[name] = scan(source, extras), grader.seed_for(source)
+                rows = grader.grade(source, shown(os.path.basename(student)))
+            except Exception as error:  # noqa: BLE001 -- the grader's own failure: the rest go on
+                flags, rows = [], zero_rows(where["exercises"], "the grader failed on this file "
+                                            f"({type(error).__name__}): grade it alone to see why")
             flag_row(rows, flags, args.strict)
             graded[name] = (rows, flags, answers)
     finally:
@@ -266,6 +275,9 @@ def main(argv=None) -> None:
     bundle.add_argument("--set", required=True, choices=SETS, help=sets)
     bundle.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
                         "own, from COURSE_SECRET)")
+    bundle.add_argument("--no-sandbox-ok", action="store_true", help="grade even on an image "
+                        "where no sandbox can run (a student's code can then write its own "
+                        "results.json)")
     add_limits(bundle)
     auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
     auto.add_argument("--root", default="/autograder")
@@ -296,7 +308,7 @@ def main(argv=None) -> None:
         cmd_handout(args.dir, args.set, args.answers)
     elif args.command == "gradescope":
         from .bundle import cmd_gradescope
-        cmd_gradescope(args.out, args.set, args.seed, limits_of(args))
+        cmd_gradescope(args.out, args.set, args.seed, limits_of(args), args.no_sandbox_ok)
     elif args.command == "autograde":
         from .bundle import cmd_autograde
         cmd_autograde(args.root)

@@ -8,8 +8,8 @@ import os
 import zipfile
 
 from .exercises import EXERCISES, SETS, points as exercise_points
-from .grading import (BUNDLE_FILE, HERE, ROOT, Grader, course_secret, map_key,
-                      read, sha, shown, test_files, test_map, find_student)
+from .grading import (BUNDLE_FILE, HERE, NO_SANDBOX, ROOT, Grader, course_secret, find_sandbox,
+                      find_student, map_key, read, sha, shown, test_files, test_map)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
            "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
@@ -51,7 +51,7 @@ def strip_selfcheck(source: str, names=("MISTAKES", "CORRECT", "ENDLESS")) -> st
     return "".join(lines)
 
 
-def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
+def cmd_gradescope(out: str, set_name: str, seed, limits: dict, no_sandbox_ok=False) -> None:
     if os.path.exists(os.path.join(ROOT, "course_map.json")):
         raise SystemExit("course: make the bundle from the repository, not from a handout")
     reference = read(os.path.join(ROOT, "tokencredit.py"))
@@ -69,7 +69,7 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict) -> None:
             z.write(path, os.path.relpath(path, ROOT))
         z.writestr(f".course-cache/map-{key[:16]}.json", json.dumps(body))
         z.writestr(BUNDLE_FILE, json.dumps(dict(set=set_name, seed=seed, secret=secret,
-                                                limits=limits)))
+                                                limits=limits, no_sandbox_ok=no_sandbox_ok)))
         z.writestr("requirements.txt", REQUIREMENTS)
         for name, text in (("setup.sh", SETUP_SH.format(torch=TORCH)),
                            ("run_autograder", RUN_AUTOGRADER)):
@@ -94,9 +94,12 @@ def cmd_autograde(root: str) -> None:
     reference = read(os.path.join(ROOT, "tokencredit.py"))
     answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
     try:
+        if find_sandbox() is None and not config.get("no_sandbox_ok"):  # it could write its own
+            raise ValueError(f"NO SANDBOX: {NO_SANDBOX}; this bundle grades no code without one "
+                             "(one made with --no-sandbox-ok would)")
         student, source, extras = find_student(os.path.join(root, "submission"))
     except (ValueError, OSError) as error:
-        out = dict(score=0.0, output=f"No grade: {error}. Submit your tokencredit.py.",
+        out = dict(score=0.0, output=f"No grade: {error}.",
                    tests=[dict(name=f"exercise {k}: {EXERCISES[k][0]}", score=0.0,
                                max_score=exercise_points(k), output=str(error))
                           for k in exercises] + written.gradescope_tests(*answers))

@@ -39,6 +39,11 @@ def zygote(fd: int, work: str) -> None:
     imports the rest itself, from the sandbox's read-only views of the Python."""
     control = socket.socket(fileno=fd)
     torch.set_num_threads(1)
+    try:  # out of memory, the kernel kills a sandbox's processes first, not the grader's
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     children = set()
     while True:
         ready, _, _ = select.select([control], [], [], 0.05)

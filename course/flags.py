@@ -8,12 +8,14 @@ import ast
 IMPORTS = {"math", "typing", "torch", "functools", "itertools", "collections", "dataclasses",
            "numbers", "operator", "__future__", "numpy"}  # what an exercise may need
 NAMES = {"open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars",
-         "breakpoint", "__builtins__", "setattr", "delattr", "__loader__", "__spec__"}
+         "breakpoint", "__builtins__", "setattr", "delattr", "__loader__", "__spec__", "__file__"}
 MODULES = {"sys", "os", "importlib", "inspect", "builtins", "ctypes", "subprocess", "signal",
            "atexit", "gc", "threading", "multiprocessing", "_thread", "socket", "pickle",
            "marshal", "shutil", "pathlib", "io", "resource", "pty", "mmap", "_pytest", "pytest",
            "tempfile", "linecache", "traceback", "types", "weakref", "runpy", "pkgutil", "posix",
            "_posixsubprocess", "concurrent", "asyncio", "select", "fcntl"}
+NATIVE = {"load_library", "ctypeslib", "cpp_extension", "from_file", "fromfile", "tofile",
+          "memmap", "save", "load", "loadtxt", "savetxt", "genfromtxt"}  # files, native code
 FRAMES = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame", "cr_frame",
           "co_code", "tb_next"}
 DUNDERS_OK = {"__name__", "__doc__", "__main__"}
@@ -25,9 +27,9 @@ BIG_LITERAL = 2000  # characters of a string, or elements of a literal: stored a
 
 def reaches(name: str) -> bool:
     """Whether an attribute name (or a dotted path of them) reaches past the exercises: a module
-    above, a frame's insides, a dunder."""
-    return any(part in MODULES or part in FRAMES or part.startswith("__") and part.endswith("__")
-               and part not in DUNDERS_OK for part in name.split("."))
+    above, files or native code, a frame's insides, a dunder."""
+    return any(part in MODULES or part in NATIVE or part in FRAMES or part.startswith("__")
+               and part.endswith("__") and part not in DUNDERS_OK for part in name.split("."))
 
 
 def called(node: ast.Call):
@@ -73,8 +75,9 @@ def scan(source: str, extra_files=()) -> list:
             said = f"imports {', '.join(bad)}" if bad else None
         elif isinstance(node, ast.ImportFrom):
             top = (node.module or "").split(".")[0]
+            bad = [a.name for a in node.names if reaches(a.name)]  # from numpy import ctypeslib
             said = f"imports from {node.module or '.'}" if node.level or top not in IMPORTS \
-                else None
+                else f"imports {', '.join(bad)} from {node.module}" if bad else None
         elif isinstance(node, ast.Name) and node.id in NAMES and id(node) not in given:
             said = f"uses {node.id}"
         elif isinstance(node, ast.Name) and node.id in MODULES:
@@ -90,7 +93,7 @@ def scan(source: str, extra_files=()) -> list:
                 id(node) not in docstrings and reaches(node.value) and " " not in node.value:
             said = f"names {node.value} in a string"
         elif isinstance(node, ast.Attribute):
-            if node.attr in MODULES:
+            if node.attr in MODULES or node.attr in NATIVE:
                 said = f"reaches {node.attr} through an attribute"
             elif reaches(node.attr):  # a frame's insides, a dunder
                 said = f"uses the attribute {node.attr}"

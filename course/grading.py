@@ -10,7 +10,9 @@ has used (`sandbox_argv`), killed whole when they are done; as root, under a uid
 text escaped here (`clean`).
 """
 
+import ast
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -27,11 +29,11 @@ import time
 
 from .exercises import EXERCISE_OF, EXERCISES, names as exercise_names, points as exercise_points
 from .source import blank, constants, functions, kept_statements
-from .written import shown, walk
+from .written import printable, shown, walk
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
-TESTS = "test_tokencredit.py"
+TOKENCREDIT, TESTS = "tokencredit.py", "test_tokencredit.py"
 HIDDEN = os.path.join("tests", "test_hidden.py")  # the students' hidden set: a handout's
 OFFICIAL = os.path.join("tests", "test_official.py")  # the instructor's, in its place elsewhere
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
@@ -89,7 +91,7 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
                         if not q.startswith("/usr/")}):
         argv += ["--ro-bind", path, path]
     argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
-             "--chdir", "/tmp"]
+             "--remount-ro", "/dev", "--chdir", "/tmp"]  # /dev's tmpfs is no second disk
     if uid is None:
         return argv
     sources = {os.path.realpath(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind"}
@@ -160,14 +162,9 @@ def find_sandbox():
     return None
 
 
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
-
-
 def clean(x):
-    """A worker's message with every string safe to print: a student's lone surrogate, carriage
-    return or terminal escape (which could redraw the report's lines) escaped."""
-    return (CONTROL.sub(lambda c: ascii(c.group())[1:-1],
-                        x.encode("utf-8", "backslashreplace").decode()) if isinstance(x, str) else
+    """A worker's message with every string safe to print (`printable`)."""
+    return (printable(x) if isinstance(x, str) else
             [clean(v) for v in x] if isinstance(x, list) else
             {clean(k): clean(v) for k, v in x.items()} if isinstance(x, dict) else x)
 
@@ -223,6 +220,8 @@ class Driver:
         if worker["box"] is not None and worker["box"]["process"].poll() is None:
             return
         self.drop(worker["box"])  # a student's process may have killed it
+        while self.boxes and self.boxes[0]["process"].poll() is not None:
+            self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
         worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
         socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
                         [worker["box"]["control"].fileno()])
@@ -529,7 +528,6 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
 def not_written(source: str, names) -> list:
     """The functions of `names` still as a handout gives them: checks, then raise
     NotImplementedError."""
-    import ast
     try:
         defs = functions(source)
     except (SyntaxError, ValueError):
@@ -616,7 +614,6 @@ class Grader:
         functions (which the child replaces by the reference's). Such an exercise needs no run."""
         if self.reference is None:
             return False
-        import ast
         others = set(EXERCISE_OF) - set(exercise_names(k))
 
         def shape(text):  # each statement's dump, a function's also without its body: once a text
@@ -640,10 +637,10 @@ class Grader:
         """The seed given (--seed, a handout's 0), else the submission's own from the secret."""
         return self.seed if self.seed is not None else seed_of(self.secret, source)
 
-    def jobs(self, source: str, label: str, exercises) -> list:
+    def jobs(self, source: str, exercises) -> list:
         out = []
-        for k in exercises:
-            job = dict(student=source, label=label, names=list(exercise_names(k)),
+        for k in exercises:  # the module is tokencredit.py on every route, whatever the file's name
+            job = dict(student=source, label=TOKENCREDIT, names=list(exercise_names(k)),
                        tests=self.tests_of(k), limit=self.limits["time_s"],
                        seed=self.seed_for(source))
             if self.reference is None:
@@ -665,7 +662,7 @@ class Grader:
                                                  f"{error}"), self.mapping["kinds"], self.limits)
                     for k in exercises]
         same = {k for k in exercises if self.same_as_reference(source, k)}
-        jobs = self.jobs(source, label, [k for k in exercises if k not in same])
+        jobs = self.jobs(source, [k for k in exercises if k not in same])
         ran = []
         if jobs:
             self.start(min(self.workers or 2, len(jobs)), ahead=False)  # one grade, if not started
@@ -708,9 +705,13 @@ def zero_rows(exercises, why: str) -> list:
 
 
 SOURCE_LIMIT = 2 ** 20  # bytes of a submission's tokencredit.py read at most
+NESTING_LIMIT = 100  # levels of its syntax tree (the reference has 15): the grader's walks recurse
+
+
 def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
     """A student's file as text: a regular file (never through a link, never a FIFO or a
-    device), at most `limit` bytes of UTF-8. ValueError says why not."""
+    device), at most `limit` bytes, decoded as Python decodes a module (UTF-8, a BOM, a PEP 263
+    coding line), its syntax tree at most NESTING_LIMIT deep. ValueError says why not."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
@@ -724,9 +725,23 @@ def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
     try:
         if len(data) > limit:
             raise ValueError(f"over {limit} bytes")
-        return data.decode("utf-8")
-    except ValueError as error:  # UnicodeDecodeError too
+        text = importlib.util.decode_source(data)
+    except (ValueError, SyntaxError, LookupError) as error:  # a bad coding line, say
         raise ValueError(f"{shown(path)} is not read: {error}") from None
+    try:
+        todo, deepest = [(ast.parse(text), 1)], 1
+    except SyntaxError:
+        return text  # graded: every exercise says the error
+    except (RecursionError, MemoryError):
+        todo, deepest = [], NESTING_LIMIT + 1
+    while todo and deepest <= NESTING_LIMIT:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    if deepest > NESTING_LIMIT:
+        raise ValueError(f"{shown(path)} is not graded: its code nests over {NESTING_LIMIT} "
+                         "levels deep")
+    return text
 
 
 def find_student(path: str) -> tuple:

@@ -15,6 +15,7 @@ score are made here.
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import sys
@@ -32,6 +33,8 @@ ALLOWED = {e.__name__: e for e in (
     UnboundLocalError, RecursionError, FloatingPointError)}
 REPLY_LIMIT = 256 * 2 ** 20  # bytes one answer of the child may take (the output size limit)
 SEES_WRITES = "test_inputs_unchanged"  # the one test that sees the child's writes into its inputs
+FAILURE_LIMIT = 8000  # characters of one test's failure kept
+JUDGE_MB = 384  # memory a job's fork of the judge may add: a test on a huge answer fails
 
 
 class StudentError(Exception):
@@ -75,7 +78,8 @@ class Session:
         except (EOFError, OSError):
             self.stop(*self.zygote.why(self.pid))
         if header.get("op") == "limit":
-            self.stop(str(header.get("which", "memory")), "it reached the limit")
+            self.stop("memory" if header.get("which") == "memory" else "malformed",
+                      "it reached the limit")  # the only limit a child reports itself
         return header, blobs
 
     def send(self, header, blobs=()) -> None:
@@ -199,9 +203,12 @@ class Session:
 
     def exception(self, header: dict) -> Exception:
         kind = ALLOWED.get(header.get("type"), None)
-        message = str(header.get("message", ""))  # escaped by the driver, as all it gets
-        self.where = [w for w in header.get("where", []) if isinstance(w, list) and len(w) == 4]
-        error = kind(message) if kind else StudentError(f"{header.get('type')}: {message}")
+        message = str(header.get("message", ""))[:4000]  # escaped by the driver, as all it gets
+        where = header.get("where")
+        self.where = [[str(x)[:200] for x in w] for w in (where if isinstance(where, list) else [])
+                      if isinstance(w, list) and len(w) == 4][-6:]
+        error = kind(message) if kind else StudentError(f"{str(header.get('type'))[:100]}: "
+                                                        f"{message}")
         error.student_where = self.where
         return error
 
@@ -413,6 +420,9 @@ class Worker:
             if pid == 0:
                 code = 1
                 torch.set_num_threads(1)
+                with open("/proc/self/status") as f:
+                    vm = next(int(ln.split()[1]) << 10 for ln in f if ln.startswith("VmSize:"))
+                resource.setrlimit(resource.RLIMIT_AS, (vm + (JUDGE_MB << 20),) * 2)
                 try:
                     send_line(self.channel, self.run_job(job, _pytest.runner))
                     code = 0
@@ -504,7 +514,7 @@ class Worker:
         for w in session.where:  # the student's lines; the reference's by function only
             out.append(f"raised at {w[0]}:{w[1]} in {w[2]}: {w[3].strip()}"
                        if w[0] != "reference.py" else f"called from the reference's {w[2]}")
-        return "\n".join(out)
+        return "\n".join(out)[:FAILURE_LIMIT]
 
     def record(self, item) -> None:
         """Wrap the test module's ref_* loops to record what each returns (a handout's

@@ -64,7 +64,7 @@ def format_rows(rows: list, verbose: bool) -> str:
 
 
 def flag_lines(flags: list) -> list:
-    return [f"FLAGGED for the instructor: {flag}" for flag in flags]
+    return [f"FLAGGED for the instructor: {written_part.printable(flag)}" for flag in flags]
 
 
 def gradescope(rows: list, flags=(), written=None) -> dict:
@@ -77,6 +77,8 @@ def gradescope(rows: list, flags=(), written=None) -> dict:
                           score=row["points"], max_score=row["max"], visibility="visible",
                           output="\n".join(output)))
     tests += written_part.gradescope_tests(*written) if written else []
+    for test in tests:  # a student's text, escaped where it would not print
+        test["output"] = written_part.printable(test.get("output", ""))
     out = dict(score=round(sum(t.get("score", 0) for t in tests), 2), tests=tests)
     if flags:
         out["output"] = "\n".join(flag_lines(flags))

@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import textwrap
+import unicodedata
 
 from .exercises import EXERCISES
 
@@ -192,8 +193,11 @@ def read_form(path: str) -> tuple:
 
 def form_of(path: str) -> tuple:
     """The form handed in with a submission: a folder's shallowest written.txt, or the one beside
-    a file. Read before the submission's code runs."""
+    a file named tokencredit.py (not a class's shared one: grade-all gives alice.py none). Read
+    before the submission's code runs."""
     if os.path.islink(path) or not os.path.isdir(path):
+        if os.path.basename(path) != "tokencredit.py":
+            return None, NO_FORM
         return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
     try:
         found = [e.path for e in walk(path) if e.name == FORM]  # shallowest first
@@ -358,9 +362,20 @@ WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, a
 
 def shown(name) -> str:
     """A file name (str or bytes) as text that prints anywhere and names one file only: as is
-    when printable, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
+    when printable and in Unicode's composed form (NFC: no two names look alike), else escaped as
+    Python would (bytes not UTF-8 as \\udcXX)."""
     text = os.fsdecode(name)
-    return text if text.isprintable() and "\\" not in text else ascii(text)[1:-1]
+    return text if text.isprintable() and "\\" not in text and \
+        unicodedata.normalize("NFC", text) == text else ascii(text)[1:-1]
+
+
+def printable(text: str) -> str:
+    """A student's text that cannot redraw a report: each character that does not print (a
+    terminal escape, a carriage return, a right-to-left override, a lone surrogate) escaped as
+    Python would; newlines and tabs kept."""
+    return "\n".join(line if line.isprintable() else "".join(
+        c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in line)
+        for line in text.split("\n"))
 
 
 def walk(folder: str) -> list:

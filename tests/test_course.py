@@ -390,7 +390,7 @@ def test_a_class_with_every_attack_graded_twice_in_two_orders_gives_one_csv(atta
 def bundle(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bundle")
     done = subprocess.run([PY, "-m", "course", "gradescope", str(tmp / "ag.zip"), "--set",
-                           "grpo", "--seed", str(SEED)], cwd=ROOT, capture_output=True,
+                           "grpo", "--seed", str(SEED)] + UNBOXED, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     root = tmp / "root"
