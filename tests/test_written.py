@@ -124,7 +124,7 @@ def test_the_form_parses_on_python_3_10_with_the_standard_library_only():
     source = grading.read(os.path.join(grading.HERE, "written.py"))
     tree = ast.parse(source, feature_version=(3, 10))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert imported == {"os", "re", "stat", "textwrap"}
+    assert imported == {"os", "re", "stat", "textwrap", "unicodedata"}
     assert [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] == ["exercises"]
 
 
