@@ -283,13 +283,21 @@ class Driver:
         return message if isinstance(message, dict) else None
 
     def kill_worker(self, worker) -> None:
+        """Killed, and gone before this returns: the first worker is this process's child, the
+        others are its forks, waited for by a pidfd."""
         self.drop(worker["box"])
-        try:
-            os.kill(worker["pid"], signal.SIGKILL)
-        except (KeyError, OSError):
-            pass
-        if worker.get("pid") == worker["process"].pid:  # the one that forked the others
+        if worker.get("pid", worker["process"].pid) == worker["process"].pid:
+            worker["process"].kill()
             worker["process"].wait()
+        else:
+            try:
+                pidfd = os.pidfd_open(worker["pid"])
+            except OSError:  # gone already
+                pidfd = None
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                select.select([pidfd], [], [], 10)
+                os.close(pidfd)
         worker["channel"].close()
 
     def run(self, jobs: list) -> list:
@@ -336,7 +344,7 @@ class Driver:
     def close(self) -> None:
         """The judges and the sandboxes killed, not asked (a Python with torch takes a second to
         exit)."""
-        for worker in self.pool:
+        for worker in self.pool[::-1]:  # the forks before the worker they came from
             self.kill_worker(worker)
             worker["log"].close()
         for box in self.boxes:
