@@ -11,7 +11,9 @@ import csv
 import json
 import os
 import random
+import sys
 import time
+import traceback
 from urllib.parse import quote
 
 from . import grading, report, written
@@ -142,7 +144,7 @@ def cmd_grade_all(args) -> None:
     order = students[::-1] if args.order == "reverse" else list(students)
     if args.order == "random":
         random.shuffle(order)
-    graded, seeds = {}, {}  # seeds: each student's
+    graded, seeds, failed = {}, {}, []  # seeds: each student's
     try:
         for name, path, why in order:
             folder = os.path.isdir(path) and not os.path.islink(path)
@@ -159,6 +161,8 @@ def cmd_grade_all(args) -> None:
                 flags, seeds[name] = scan(source, extras), grader.seed_for(source)
                 rows = grader.grade(source, shown(os.path.basename(student)))
             except Exception as error:  # noqa: BLE001 -- the grader's own failure: the rest go on
+                print(written.printable(traceback.format_exc()), file=sys.stderr)
+                failed.append(shown(name))
                 flags, rows = [], zero_rows(where["exercises"], "the grader failed on this file "
                                             f"({type(error).__name__}): grade it alone to see why")
             flag_row(rows, flags, args.strict)
@@ -191,6 +195,9 @@ def cmd_grade_all(args) -> None:
           + f") in {time.monotonic() - started:.1f} s: wrote {csv_file}"
           + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else "")
           + f"\n{grader.sandbox_line()}")
+    if failed:
+        raise SystemExit(f"course: the grader itself failed on {len(failed)} files (0 in the CSV, "
+                         f"the error above): {', '.join(failed)}")
 
 
 def cmd_list(args) -> None:

@@ -8,8 +8,8 @@ import os
 import zipfile
 
 from .exercises import EXERCISES, SETS, points as exercise_points
-from .grading import (BUNDLE_FILE, HERE, NO_SANDBOX, ROOT, Grader, course_secret, find_sandbox,
-                      find_student, map_key, read, sha, shown, test_files, test_map)
+from .grading import (BUNDLE_FILE, HERE, NO_SANDBOX, ROOT, Grader, course_secret, find_student,
+                      map_key, read, sha, shown, test_files, test_map)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
            "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
@@ -93,12 +93,16 @@ def cmd_autograde(root: str) -> None:
     os.makedirs(os.path.dirname(results), exist_ok=True)
     reference = read(os.path.join(ROOT, "tokencredit.py"))
     answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
+    grader = Grader(reference, test_map(reference), exercises, config.get("seed"),
+                    config.get("limits"), secret=config.get("secret"))
     try:
-        if find_sandbox() is None and not config.get("no_sandbox_ok"):  # it could write its own
+        grader.start(ahead=False)  # its judges and sandboxes: no code runs unless they are there
+        if grader.sandbox() is None and not config.get("no_sandbox_ok"):  # it could write its own
             raise ValueError(f"NO SANDBOX: {NO_SANDBOX}; this bundle grades no code without one "
                              "(one made with --no-sandbox-ok would)")
         student, source, extras = find_student(os.path.join(root, "submission"))
     except (ValueError, OSError) as error:
+        grader.close()
         out = dict(score=0.0, output=f"No grade: {error}.",
                    tests=[dict(name=f"exercise {k}: {EXERCISES[k][0]}", score=0.0,
                                max_score=exercise_points(k), output=str(error))
@@ -106,8 +110,6 @@ def cmd_autograde(root: str) -> None:
         out["score"] = round(sum(t.get("score", 0) for t in out["tests"]), 2)
     else:
         flags = scan(source, extras)
-        grader = Grader(reference, test_map(reference), exercises, config.get("seed"),
-                        config.get("limits"), secret=config.get("secret"))
         try:
             rows = grader.grade(source, shown(os.path.basename(student)))
         finally:

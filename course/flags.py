@@ -14,8 +14,9 @@ MODULES = {"sys", "os", "importlib", "inspect", "builtins", "ctypes", "subproces
            "marshal", "shutil", "pathlib", "io", "resource", "pty", "mmap", "_pytest", "pytest",
            "tempfile", "linecache", "traceback", "types", "weakref", "runpy", "pkgutil", "posix",
            "_posixsubprocess", "concurrent", "asyncio", "select", "fcntl"}
-NATIVE = {"load_library", "ctypeslib", "cpp_extension", "from_file", "fromfile", "tofile",
-          "memmap", "save", "load", "loadtxt", "savetxt", "genfromtxt"}  # files, native code
+NATIVE = {"load_library", "ctypeslib", "cpp_extension", "load_inline", "from_file", "fromfile",
+          "fromregex", "tofile", "memmap", "open_memmap", "DataSource", "npyio", "dump", "package",
+          "save", "load", "loadtxt", "savetxt", "genfromtxt"}  # files, native code
 FRAMES = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame", "cr_frame",
           "co_code", "tb_next"}
 DUNDERS_OK = {"__name__", "__doc__", "__main__"}
@@ -71,7 +72,8 @@ def scan(source: str, extra_files=()) -> list:
         line = getattr(node, "lineno", 0)
         said = None
         if isinstance(node, ast.Import):
-            bad = [a.name for a in node.names if a.name.split(".")[0] not in IMPORTS]
+            bad = [a.name for a in node.names if a.name.split(".")[0] not in IMPORTS
+                   or reaches(a.name)]  # import numpy.ctypeslib, torch.utils.cpp_extension
             said = f"imports {', '.join(bad)}" if bad else None
         elif isinstance(node, ast.ImportFrom):
             top = (node.module or "").split(".")[0]
@@ -91,7 +93,7 @@ def scan(source: str, extra_files=()) -> list:
                 said = f"reaches {name} through an attribute"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 id(node) not in docstrings and reaches(node.value) and " " not in node.value:
-            said = f"names {node.value} in a string"
+            said = f"names {node.value!r} in a string"
         elif isinstance(node, ast.Attribute):
             if node.attr in MODULES or node.attr in NATIVE:
                 said = f"reaches {node.attr} through an attribute"

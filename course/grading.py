@@ -259,6 +259,8 @@ class Driver:
                 raise SystemExit("course: the judge did not start: "
                                  + (message or {}).get("error", read(log.name)[-3000:]))
             self.tests, worker["pid"] = message["tests"], message["pid"]
+            if worker["pid"] != process.pid:  # a fork: a pidfd now, before its pid can be reused
+                worker["pidfd"] = os.pidfd_open(worker["pid"])
         return workers
 
     def next_message(self, worker, deadline):
@@ -284,20 +286,18 @@ class Driver:
 
     def kill_worker(self, worker) -> None:
         """Killed, and gone before this returns: the first worker is this process's child, the
-        others are its forks, waited for by a pidfd."""
+        others are its forks, waited for by their pidfd."""
         self.drop(worker["box"])
-        if worker.get("pid", worker["process"].pid) == worker["process"].pid:
+        if "pidfd" not in worker:
             worker["process"].kill()
             worker["process"].wait()
         else:
             try:
-                pidfd = os.pidfd_open(worker["pid"])
+                signal.pidfd_send_signal(worker["pidfd"], signal.SIGKILL)
+                select.select([worker["pidfd"]], [], [], 10)
             except OSError:  # gone already
-                pidfd = None
-            if pidfd is not None:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                select.select([pidfd], [], [], 10)
-                os.close(pidfd)
+                pass
+            os.close(worker.pop("pidfd"))
         worker["channel"].close()
 
     def run(self, jobs: list) -> list:
@@ -601,7 +601,7 @@ class Grader:
         self.in_order, self.seed, self.secret = reference is None, seed, secret
         self.limits = dict(LIMITS, **(limits or {}))
         self.tests, self.workers = tests or test_files(), workers
-        self.driver = None
+        self.driver, self.found = None, ()  # found: the last driver's sandbox, () before one
         self.plan = scheme(mapping, self.exercises, self.in_order)
         self.shapes = {}
 
@@ -612,6 +612,7 @@ class Grader:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
                                  workers or self.workers, ahead)
+            self.found = self.driver.sandbox
 
     def tests_of(self, k) -> list:
         return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
@@ -674,7 +675,11 @@ class Grader:
         ran = []
         if jobs:
             self.start(min(self.workers or 2, len(jobs)), ahead=False)  # one grade, if not started
-            ran = self.driver.run(jobs)
+            try:
+                ran = self.driver.run(jobs)
+            except BaseException:  # the grader's own failure: the next file gets fresh judges
+                self.close()
+                raise
         results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
                    else ran.pop(0) for k in exercises]
         for k, result in zip(exercises, results):
@@ -691,8 +696,8 @@ class Grader:
         return rows
 
     def sandbox(self):
-        """The sandbox the students' code runs in (find_sandbox's answer), or None."""
-        return self.driver.sandbox if self.driver else find_sandbox()
+        """The sandbox the students' code runs (or ran) in (find_sandbox's answer), or None."""
+        return find_sandbox() if self.found == () else self.found
 
     def sandbox_line(self) -> str:
         box = self.sandbox()
@@ -703,7 +708,8 @@ class Grader:
 
     def close(self) -> None:
         if self.driver is not None:
-            self.driver.close()
+            self.driver, driver = None, self.driver
+            driver.close()
 
 
 def zero_rows(exercises, why: str) -> list:

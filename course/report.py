@@ -64,7 +64,8 @@ def format_rows(rows: list, verbose: bool) -> str:
 
 
 def flag_lines(flags: list) -> list:
-    return [f"FLAGGED for the instructor: {written_part.printable(flag)}" for flag in flags]
+    return [f"FLAGGED for the instructor: {written_part.printable(flag)}".replace("\n", "\\n")
+            for flag in flags]
 
 
 def gradescope(rows: list, flags=(), written=None) -> dict:

@@ -121,6 +121,7 @@ _sys.modules["__main__"].Child.raised = _raised
     # and in a string the flag scan quotes (a "dunder" that is an escape)
     "g-esc": '''
 _hidden = "__\\x1b[8m__"
+_note = "sys.\\ntotal\\u280030.0/30\\u2800points"  # a flag's quoted string: a line of its own?
 raise ValueError("\\x1b[2K\\x1b[1Gexercise 1  advantages  18/18 tests  10.0/10 points\\x1b[8m"
                  "\\u202e stniop 01/01")  # a right-to-left override: "10/10 points " in a sheet
 ''',
@@ -294,6 +295,7 @@ def test_grade_path_prints_no_control_character(tmp_path):
                timeout=120)
     assert done.returncode == 0 and b"0.0/10" in done.stdout, done
     assert b"\x1b" not in done.stdout and "\u202e".encode() not in done.stdout, done.stdout
+    assert "\ntotal\u2800".encode() not in done.stdout, done.stdout
 
 
 def test_a_file_gets_one_score_whatever_its_name(attacked):
@@ -411,7 +413,10 @@ def test_the_flag_scan_sees_native_code_and_files_reached_through_torch_and_nump
                  'torch.from_file("/proc/1/cmdline", size=10)',
                  'numpy.fromfile("/course/child.py", dtype=numpy.uint8)',
                  'torch.save(1, "/dev/shm/x")', 'torch.load("/tmp/x", weights_only=False)',
-                 'x = __file__'):
+                 'x = __file__', 'import torch.utils.cpp_extension as ce',
+                 'import numpy.ctypeslib as nc', 'numpy.lib.npyio.DataSource(None)',
+                 'numpy.fromregex("/etc/hostname", "(.*)", [("x", "U9")])',
+                 'numpy.lib.format.open_memmap("/tmp/x")', 'numpy.zeros(1).dump("/tmp/x")'):
         assert scan(f"import torch\nimport numpy\n{line}\n"), line
 
 
@@ -444,3 +449,28 @@ def test_as_an_ordinary_user_too():
         assert number_in(rows["a-devshm"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
     finally:
         shutil.rmtree(tmp)
+
+
+def test_a_failure_of_the_grader_on_one_file_costs_no_other(tmp_path, monkeypatch):
+    """A grader's own exception in the middle of a file's batch (here: handing out a sandbox)
+    left its jobs in the driver: the next classmates' batches read them and got 0 (KeyError).
+    The file gets 0 with a note, the others their points, and grade-all says so and fails."""
+    from course import __main__ as course_main
+    (tmp_path / "class").mkdir()
+    for name in "abcd":
+        (tmp_path / "class" / f"{name}.py").write_text(CORRECT)
+    handed, give_box = [], grading.Driver.give_box
+
+    def failing_once(self, worker):
+        handed.append(worker)
+        if len(handed) == 4:  # b's first job (a has three)
+            raise RuntimeError("a grader's own failure")
+        return give_box(self, worker)
+    monkeypatch.setattr(grading.Driver, "give_box", failing_once)
+    with pytest.raises(SystemExit, match="failed on 1 files"):
+        course_main.main(["grade-all", str(tmp_path / "class"), "--set", "grpo", "--seed",
+                          str(SEED), "--csv", str(tmp_path / "g.csv")])
+    rows = rows_of(tmp_path / "g.csv")
+    assert {name: rows[name]["total"] for name in "abcd"} == {
+        "a": "30.00", "b": "0.00", "c": "30.00", "d": "30.00"}, rows
+    assert "the grader failed on this file" in rows["b"]["notes"]
