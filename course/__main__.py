@@ -106,7 +106,7 @@ def students_of(folder: str) -> list:
 def cell(value) -> str:
     """A CSV cell that a spreadsheet shows as text: never a formula (=, +, -, @), one line, each
     character that does not print escaped."""
-    text = written.printable(str(value)).replace("\t", "\\t").replace("\n", "\\n")
+    text = written.printable(str(value), one_line=True)
     return "'" + text if text[:1] in ("=", "+", "-", "@") else text
 
 

@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from . import protocol
+from . import child, protocol
 
 ALLOWED = {e.__name__: e for e in (
     ValueError, TypeError, NotImplementedError, IndexError, KeyError, RuntimeError,
@@ -420,9 +420,8 @@ class Worker:
             if pid == 0:
                 code = 1
                 torch.set_num_threads(1)
-                with open("/proc/self/status") as f:
-                    vm = next(int(ln.split()[1]) << 10 for ln in f if ln.startswith("VmSize:"))
-                resource.setrlimit(resource.RLIMIT_AS, (vm + (JUDGE_MB << 20),) * 2)
+                limit = child.vm_size() + (JUDGE_MB << 20)
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
                 try:
                     send_line(self.channel, self.run_job(job, _pytest.runner))
                     code = 0

@@ -64,7 +64,7 @@ def format_rows(rows: list, verbose: bool) -> str:
 
 
 def flag_lines(flags: list) -> list:
-    return [f"FLAGGED for the instructor: {written_part.printable(flag)}".replace("\n", "\\n")
+    return [f"FLAGGED for the instructor: {written_part.printable(flag, one_line=True)}"
             for flag in flags]
 
 

@@ -369,13 +369,15 @@ def shown(name) -> str:
         unicodedata.normalize("NFC", text) == text else ascii(text)[1:-1]
 
 
-def printable(text: str) -> str:
+def printable(text: str, one_line=False) -> str:
     """A student's text that cannot redraw a report: each character that does not print (a
     terminal escape, a carriage return, a right-to-left override, a lone surrogate) escaped as
-    Python would; newlines and tabs kept."""
-    return "\n".join(line if line.isprintable() else "".join(
-        c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in line)
+    Python would; newlines and tabs kept, unless one_line."""
+    keep = "" if one_line else "\t"
+    out = "\n".join(line if line.isprintable() else "".join(
+        c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in line)
         for line in text.split("\n"))
+    return out.replace("\n", "\\n") if one_line else out
 
 
 def walk(folder: str) -> list:
