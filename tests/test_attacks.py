@@ -26,37 +26,18 @@ import pytest
 
 from course import grading
 from course.flags import scan
-from test_sandbox import BASE, CORRECT, PY, ROOT, SEED, as_tester, rows_of, run
+from test_sandbox import (BASE, CORRECT, JUDGE, PY, ROOT, SEED, as_tester, descendants, fill,
+                          rows_of, run)
 
 pytestmark = pytest.mark.skipif(grading.find_sandbox() is None, reason="bwrap cannot run here")
 
-JUDGE = '''
-import os as _os, stat as _stat, socket as _socket, struct as _struct, json as _json
-def _judge():  # the child's line to the judge
-    for _fd in range(3, 256):
-        try:
-            if _stat.S_ISSOCK(_os.fstat(_fd).st_mode):
-                return _socket.socket(fileno=_fd)
-        except OSError:
-            pass
-'''
 MEMORY_MB = 512  # the class's --memory-limit
 JUDGE_MB = 640  # the most RSS a judge may reach (it starts at ~180 MB, peaks at ~330)
 INODES = 1 << 16  # files a sandbox may make: a tmpfs's nr_inodes a fix might set
 ATTACKS = {  # name: what is added to BASE
     # /dev (bwrap's --dev: a tmpfs of half the host's memory) and /dev/shm written past the
     # disk limit, in files under the per-file limit; says how much it wrote
-    "a-devshm": '''
-_n = 0
-for _i in range(20):
-    try:
-        with open(f"/dev/shm/big{_i}", "wb") as _f:
-            _f.write(b"0" * (15 << 20))
-        _n += 15 << 20
-    except OSError:
-        break
-raise ValueError(f"wrote {_n} bytes")
-''',
+    "a-devshm": fill("/dev/shm/big{_i}", 20),
     # memory held in memfd files (written, never mapped: RLIMIT_AS does not see it), past the
     # memory limit; says how much it held
     "a-memfd": '''
@@ -139,6 +120,7 @@ CRASHES = {  # each stopped a whole grade-all
     "c-walk": '\n_x = getattr(torch, "a"' + ' + "a"' * 1500 + ')\n',
     # the child reports a "limit" whose name is a format string
     "c-format": JUDGE + '''
+import json as _json
 _h = _json.dumps({"h": {"op": "limit", "which": "{grader}"}, "sizes": []}).encode()
 _judge().sendall(_struct.pack("!II", len(_h), 0) + _h)
 ''',
@@ -163,19 +145,7 @@ def rss_mb(pid: int) -> int:
 
 def judges(pid: int) -> list:
     """pid's descendants that run course.judge."""
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            for task in os.listdir(f"/proc/{parent}/task"):
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-            with open(f"/proc/{parent}/cmdline", "rb") as f:
-                if b"course.judge" in f.read():
-                    out.append(parent)
-        except OSError:
-            continue
-    return out
+    return [child for child, args in descendants(pid) if b"course.judge" in args]
 
 
 @pytest.fixture(scope="module")

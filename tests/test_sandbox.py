@@ -43,6 +43,24 @@ def _judge():  # the child's line to the judge
         except OSError:
             pass
 '''
+
+
+def fill(path: str, n: int) -> str:
+    """An attack that writes n files of 15 MB (under the per-file limit) at path.format(i) and
+    says how much it wrote."""
+    return f'''
+_n = 0
+for _i in range({n}):
+    try:
+        with open(f"{path}", "wb") as _f:
+            _f.write(b"0" * (15 << 20))
+        _n += 15 << 20
+    except OSError:
+        break
+raise ValueError(f"wrote {{_n}} bytes")
+'''
+
+
 SYS_EXIT = {"x86_64": 60, "aarch64": 93}.get(platform.machine(), 60)
 ATTACKS = {  # name: what is added to BASE
     # a process that looks like a zombie (its main thread has exited) and kills every process
@@ -109,17 +127,7 @@ _s = _judge()
 _s.sendall(_struct.pack("!II", 64 << 20, 0) + b"[" + b"0," * (32 << 20 - 1) + b"0]")
 ''',
     # 64 files just under the 16 MB per-file limit; says how much it wrote
-    "a-files": '''
-_n = 0
-for _i in range(64):
-    try:
-        with open(f"big{_i}", "wb") as _f:
-            _f.write(b"0" * (15 << 20))
-        _n += 15 << 20
-    except OSError:
-        break
-raise ValueError(f"wrote {_n} bytes")
-''',
+    "a-files": fill("big{_i}", 64),
     # an exception message with lone surrogates
     "a-surrogate": '''
 def group_advantages(*args, **kwargs):
@@ -300,21 +308,29 @@ def test_the_bundle_refuses_or_cuts_each_file_attack(tmp_path):
     assert got["score"] == 0 and "\\udc80" in json.dumps(got)
 
 
-def students_processes(pid: int) -> dict:
-    """{(pid, start time): real uid} of pid's descendants that run the student's side (the
-    zygotes, their children and all they fork: child.py's command line, not bwrap's or the one
-    that starts it), as the host sees them."""
-    out, todo = {}, [pid]
+def descendants(pid: int) -> list:
+    """pid's descendants now, with their command lines, as the host sees them."""
+    out, todo = [], [pid]
     while todo:
         parent = todo.pop()
         try:
             for task in os.listdir(f"/proc/{parent}/task"):
                 with open(f"/proc/{parent}/task/{task}/children") as f:
                     todo += [int(c) for c in f.read().split()]
-            if parent == pid:
-                continue
             with open(f"/proc/{parent}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
+                out += [(parent, f.read().split(b"\0"))] if parent != pid else []
+        except OSError:
+            continue  # gone meanwhile
+    return out
+
+
+def students_processes(pid: int) -> dict:
+    """{(pid, start time): real uid} of pid's descendants that run the student's side (the
+    zygotes, their children and all they fork: child.py's command line, not bwrap's or the one
+    that starts it), as the host sees them."""
+    out = {}
+    for parent, args in descendants(pid):
+        try:
             if b"/course/child.py" not in args or b"bwrap" in args:  # bwrap, and root's ENTER
                 continue
             with open(f"/proc/{parent}/stat") as f:
