@@ -44,6 +44,7 @@ def zygote(fd: int, work: str) -> None:
             f.write("1000")
     except OSError:
         pass
+    os.write(1, b"ready\n")  # the driver caps the sandbox's memory from here (course/grading.py)
     children = set()
     while True:
         ready, _, _ = select.select([control], [], [], 0.05)

@@ -11,6 +11,7 @@ text escaped here (`clean`).
 """
 
 import ast
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -44,7 +45,8 @@ MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
     time_s=120.0,  # wall time for one exercise's tests
     test_s=10.0,  # wall time for one test
-    memory_mb=2048,  # memory the student's process may add to what torch takes
+    memory_mb=2048,  # memory the student's process may add to what torch takes (with a cgroup:
+    # all its processes and its files in /tmp together, `Driver.warm`)
     file_mb=16,  # the largest file it may write (its printed output goes to one)
     processes=64,  # processes of the student's user (RLIMIT_NPROC)
     cpu_s=240,  # CPU time of the student's process
@@ -67,6 +69,11 @@ SAME_NOTE = "the published reference's code, statement for statement (not run): 
 def read(path: str) -> str:
     with open(path) as f:
         return f.read()
+
+
+def write_to(path: str, value) -> None:
+    with open(path, "w") as f:
+        f.write(str(value))
 
 
 def sha(*parts) -> str:
@@ -146,8 +153,9 @@ os.execvp(argv[0], argv)
 
 
 def find_sandbox():
-    """{"uid": the first sandbox's uid, or None to keep the grader's} if bwrap runs this Python
-    here (as root, under a uid of its own, else under root); else None."""
+    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup": memory_cgroup()}
+    if bwrap runs this Python here (as root, under a uid of its own, else under root); else
+    None."""
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
@@ -156,10 +164,57 @@ def find_sandbox():
                                                              "pass"],
                                check=True, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=60)
-                return dict(uid=uid)
+                return dict(uid=uid, cgroup=memory_cgroup())
             except (OSError, subprocess.SubprocessError):
                 continue
     return None
+
+
+CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_bytes",
+                        swap="memory.memsw.limit_in_bytes", events="memory.oom_control"),
+                2: dict(limit="memory.max", usage="memory.current", swap="memory.swap.max",
+                        events="memory.events")}
+
+
+def memory_cgroup():
+    """{"folder", "version"}: where this process may make memory cgroups of its own (cgroup v1's
+    memory hierarchy, or v2's where memory is on for its children), else None: as an ordinary
+    user, or where /sys/fs/cgroup is read-only."""
+    try:
+        lines = [line.rstrip("\n").split(":", 2) for line in open("/proc/self/cgroup")]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        version = 1 if "memory" in controllers.split(",") else 2 if not controllers and (
+            os.path.exists("/sys/fs/cgroup/cgroup.controllers")) else None
+        if version is None:
+            continue
+        cgroup = dict(folder=("/sys/fs/cgroup/memory" if version == 1 else "/sys/fs/cgroup")
+                      + path, version=version)
+        probe = os.path.join(cgroup["folder"], f"course-probe-{os.getpid()}")
+        try:  # what start_box and Driver.warm do: a limit, and a process started in it
+            os.mkdir(probe)
+            cap(cgroup, probe, 1 << 30)
+            subprocess.run(["true"], check=True, timeout=60, preexec_fn=lambda: write_to(
+                os.path.join(probe, "cgroup.procs"), os.getpid()))
+            return cgroup
+        except (OSError, subprocess.SubprocessError):
+            continue
+        finally:
+            with contextlib.suppress(OSError):  # else left empty: harmless
+                os.rmdir(probe)
+    return None
+
+
+def cgroup_file(cgroup: dict, folder: str, which: str) -> str:
+    return os.path.join(folder, CGROUP_FILES[cgroup["version"]][which])
+
+
+def cap(cgroup: dict, folder: str, limit: int) -> None:
+    """The memory cgroup `folder` (made under cgroup["folder"]) may hold limit bytes, no swap."""
+    write_to(cgroup_file(cgroup, folder, "limit"), limit)
+    if os.path.exists(cgroup_file(cgroup, folder, "swap")):  # v1's counts memory and swap
+        write_to(cgroup_file(cgroup, folder, "swap"), limit if cgroup["version"] == 1 else 0)
 
 
 def clean(x):
@@ -175,7 +230,7 @@ class Driver:
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
                  workers=None, ahead=False):
         self.limits = dict(LIMITS, **(limits or {}))
-        self.workers, self.pool = workers or 2, []
+        self.workers, self.pool, self.stale = workers or 2, [], []
         self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
@@ -206,13 +261,36 @@ class Driver:
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LANG="C.UTF-8", HOME=work)  # all it gets
         self.started += 1
+        cgroup = None
+        if box and self.sandbox["cgroup"]:  # bwrap starts in it: all the sandbox's processes are
+            cgroup = os.path.join(self.sandbox["cgroup"]["folder"],
+                                  f"course-{os.getpid()}-{self.started}")
+            os.mkdir(cgroup)
         process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
             box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
                    str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, preexec_fn=cgroup and (lambda: write_to(
+                os.path.join(cgroup, "cgroup.procs"), os.getpid())) or None)
         theirs.close()
-        return dict(process=process, control=ours)
+        return dict(process=process, control=ours, cgroup=cgroup)
+
+    def warm(self, box) -> None:
+        """Wait for the sandbox's zygote to load torch (its line "ready"); then its cgroup may
+        hold what it holds plus the memory limit: all the submission's processes, and its files
+        in /tmp, together."""
+        ready, _, _ = select.select([box["process"].stdout], [], [], 300)
+        said = os.read(box["process"].stdout.fileno(), 6) if ready else b""
+        box["process"].stdout.close()
+        if box["cgroup"] and said == b"ready\n":
+            usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
+            cap(self.sandbox["cgroup"], box["cgroup"], usage + (self.limits["memory_mb"] << 20))
+            box["ooms"] = self.ooms(box)
+
+    def ooms(self, box) -> int:
+        """How many of the sandbox's processes its cgroup's limit has killed."""
+        events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
+        return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
 
     def give_box(self, worker) -> None:
         """The worker's sandbox for this submission: a warm one no submission has used."""
@@ -223,17 +301,33 @@ class Driver:
         while self.boxes and self.boxes[0]["process"].poll() is not None:
             self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
         worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
+        self.warm(worker["box"])
         socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
                         [worker["box"]["control"].fileno()])
         worker["box"]["control"].close()  # the judge's now
 
-    @staticmethod
-    def drop(box) -> None:
-        """Killing bwrap kills its sandbox whole (--die-with-parent, its own PID namespace)."""
+    def drop(self, box) -> None:
+        """Killing bwrap kills its sandbox whole (--die-with-parent, its own PID namespace); its
+        cgroup goes once its processes have exited (`reap`)."""
         if box is not None:
             box["control"].close()
+            box["process"].stdout.close()
             box["process"].kill()
             box["process"].wait()
+            self.stale += [box["cgroup"]] if box["cgroup"] else []
+            self.reap()
+
+    def reap(self, wait_s=0.0) -> None:
+        """Remove the dropped sandboxes' cgroups whose processes have all exited (within wait_s)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for folder in list(self.stale):
+                with contextlib.suppress(OSError):  # not yet: its processes are still exiting
+                    os.rmdir(folder)
+                    self.stale.remove(folder)
+            if not self.stale or time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
 
     def start_workers(self, n: int) -> list:
         """n judge workers: one judge process collects the tests (seconds: torch, pytest, the
@@ -324,6 +418,11 @@ class Driver:
                     worker["channel"] in ready or b"\n" in worker["buffer"]) else None
                 if message is not None:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
+                        box = worker["box"]
+                        if message.get("limit") == "died" and box["cgroup"] and self.ooms(
+                                box) > box.get("ooms", 0):  # its cgroup was out of memory
+                            message.update(limit="memory", stopped="the kernel killed it")
+                            box["ooms"] = self.ooms(box)
                         results[message["id"]] = message
                         worker["job"] = None
                 elif worker["closed"] or time.monotonic() > worker["deadline"]:
@@ -349,6 +448,7 @@ class Driver:
             worker["log"].close()
         for box in self.boxes:
             self.drop(box)
+        self.reap(wait_s=5)
         shutil.rmtree(self.private, ignore_errors=True)
 
 
@@ -704,7 +804,9 @@ class Grader:
         if box is None:
             return "NO SANDBOX: " + NO_SANDBOX
         return ("sandbox: bubblewrap, each submission alone (its own PID, mount, network and user "
-                "namespaces" + (", its own uid" if box["uid"] else "") + ")")
+                "namespaces" + (", its own uid" if box["uid"] else "")
+                + (", its memory counted whole" if box.get("cgroup") else
+                   ", memory limited per process") + ")")
 
     def close(self) -> None:
         if self.driver is not None:
