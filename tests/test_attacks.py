@@ -185,7 +185,7 @@ def attacked(tmp_path_factory):
             grading_all.wait()
     assert grading_all.returncode == 0, (tmp / "said").read_text()
     yield dict(tmp=tmp, rows=rows_of(tmp / "g.csv"), said=(tmp / "said").read_bytes(),
-               most=most, driver=driver)
+               most=most, driver=driver, pid=grading_all.pid)
 
 
 def number_in(notes: str, word: str) -> int:
@@ -234,6 +234,14 @@ def test_files_in_the_sandbox_count_against_the_memory_limit(attacked):
     """--size bounds a tmpfs's bytes, not its files: 483,000 empty files in 10 s, ~1 KB of kernel
     memory each, no end but the time. Counted in the sandbox's memory, they stop it."""
     assert "made" not in attacked["rows"]["a-inodes"]["notes"], attacked["rows"]["a-inodes"]
+
+
+@pytest.mark.skipif(not SANDBOX["cgroup"], reason="no memory cgroup can be made here")
+def test_each_sandbox_s_cgroup_goes_with_it(attacked):
+    """grade-all made one cgroup per sandbox and left none behind."""
+    assert b"its memory counted whole" in attacked["said"]
+    left = pathlib.Path(SANDBOX["cgroup"]["folder"]).glob(f"course-{attacked['pid']}-*")
+    assert not list(left)
 
 
 def test_the_judge_does_bounded_work_on_an_answer(attacked):

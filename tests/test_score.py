@@ -369,11 +369,14 @@ def main(n: int) -> None:
                       for k, what, edits in MISTAKES + CORRECT}
         finally:
             handout.close()
-    print(f"| plant | exercise | official, {n} seeds: min | max | distinct | handout | agree |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| plant | exercise | official, {n} seeds: min | max | distinct | handout | both "
+          "below full | the same points |")
+    print("|---|---|---|---|---|---|---|---|")
     for what, (k, got) in table.items():
+        full = sum(EXERCISES[k][1].values())
         print(f"| {what} | {k} | {min(got):g} | {max(got):g} | {len(set(got))} | "
-              f"{theirs[what]:g} | {'yes' if set(got) == {theirs[what]} else 'NO'} |")
+              f"{theirs[what]:g} | {'yes' if max(got + [theirs[what]]) < full else 'no'} | "
+              f"{'yes' if set(got) == {theirs[what]} else 'NO'} |")
     print(f"{len(table)} plants and correct variants in {time.monotonic() - started:.0f} s")
 
 
