@@ -5,8 +5,8 @@ folder no sandbox sees, and forks the others), then grades one submission at a t
 is one job, a child process with the instructor's limits, on worker n mod the workers (n: its
 place in the set). Each worker's jobs of a submission run in a bubblewrap sandbox no submission
 has used (`sandbox_argv`), killed whole when they are done; as root, under a uid of its own
-(ENTER). Without bwrap the report and the CSV say "no sandbox" and grade-all refuses unless
---no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py) and its
+(ENTER) and, where it can, in a memory cgroup of its own (`memory_cgroup`). Without bwrap the
+report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py) and its
 text escaped here (`clean`).
 """
 
@@ -181,7 +181,7 @@ def memory_cgroup():
     memory hierarchy, or v2's where memory is on for its children), else None: as an ordinary
     user, or where /sys/fs/cgroup is read-only."""
     try:
-        lines = [line.rstrip("\n").split(":", 2) for line in open("/proc/self/cgroup")]
+        lines = [line.split(":", 2) for line in read("/proc/self/cgroup").splitlines()]
     except OSError:
         return None
     for _, controllers, path in lines:
