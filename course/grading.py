@@ -6,8 +6,8 @@ is one job, a child process with the instructor's limits, on worker n mod the wo
 place in the set). Each worker's jobs of a submission run in a bubblewrap sandbox no submission
 has used (`sandbox_argv`), killed whole when they are done; as root, under a uid of its own
 (ENTER) and, where it can, in a memory cgroup of its own (`memory_cgroup`). Without bwrap the
-report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a child sends is bounded (course/judge.py, course/protocol.py) and its
-text escaped here (`clean`).
+report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a child
+sends is bounded (course/judge.py, course/protocol.py) and its text escaped here (`clean`).
 """
 
 import ast
