@@ -3,11 +3,11 @@
 The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
 folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
 is one job, a child process with the instructor's limits, on worker n mod the workers (n: its
-place in the set). Each worker's jobs of a submission run in a bubblewrap sandbox no submission
-has used (`sandbox_argv`), killed whole when they are done; as root, under a uid of its own
-(ENTER) and, where it can, in a memory cgroup of its own (`memory_cgroup`). Without bwrap the
-report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a child
-sends is bounded (course/judge.py, course/protocol.py) and its text escaped here (`clean`).
+place in the set). Each job runs in a bubblewrap sandbox no job has used (`sandbox_argv`),
+killed whole when it is done, so no exercise finds what another left; as root, under a uid of
+its own (ENTER) and, where it can, in a memory cgroup of its own (`memory_cgroup`). Without bwrap
+the report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a
+child sends is bounded (course/judge.py, course/protocol.py) and its text escaped here (`clean`).
 """
 
 import ast
@@ -228,7 +228,7 @@ class Driver:
     """The judge workers, the students' sandboxes and the one-submission-at-a-time loop."""
 
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
-                 workers=None, ahead=False):
+                 workers=None, ahead=False, boxes=2):
         self.limits = dict(LIMITS, **(limits or {}))
         self.workers, self.pool, self.stale = workers or 2, [], []
         self.sandbox = find_sandbox()
@@ -238,9 +238,10 @@ class Driver:
         os.makedirs(self.code, mode=0o755)
         for name in ("child.py", "protocol.py"):
             shutil.copy(os.path.join(HERE, name), self.code)
-        # warm sandboxes no submission has used: one per worker, twice that ahead of a class
+        # warm sandboxes no job has used, one for each job of a submission; ahead (a class):
+        # each one taken is replaced at once, so the next submission's warm up in the meantime
         self.ahead, self.started, self.ids = ahead, 0, 0
-        self.boxes = [self.start_box() for _ in range(self.workers * (1 + ahead))]
+        self.boxes = [self.start_box() for _ in range(boxes)]
         tests_dir = os.path.join(self.private, "tests")  # no sandbox sees it
         os.makedirs(tests_dir, mode=0o700)
         for name, path in tests.items():  # the tests, read once, before any submission
@@ -293,14 +294,12 @@ class Driver:
         return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
 
     def give_box(self, worker) -> None:
-        """The worker's sandbox for this submission: a warm one no submission has used."""
-        worker["used"] = True
-        if worker["box"] is not None and worker["box"]["process"].poll() is None:
-            return
-        self.drop(worker["box"])  # a student's process may have killed it
+        """A sandbox for the worker's job: a warm one no job has used."""
         while self.boxes and self.boxes[0]["process"].poll() is not None:
             self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
         worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
+        if self.ahead:
+            self.boxes.append(self.start_box())
         self.warm(worker["box"])
         socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
                         [worker["box"]["control"].fileno()])
@@ -398,8 +397,8 @@ class Driver:
         """Each job's result, in order: the jobs of one submission (or the map's)."""
         for job in jobs:  # ids never reused: a late line answers no later job
             job["id"], self.ids = self.ids, self.ids + 1
-        # job n on worker n mod the workers, whatever the timing: a submission's jobs that share
-        # a sandbox are the same ones, in the same order, on every grade
+        # job n on worker n mod the workers, whatever the timing: the jobs that share a judge
+        # are the same ones, in the same order, on every grade
         todo, results = [jobs[i::len(self.pool)] for i in range(len(self.pool))], {}
         while len(results) < len(jobs):
             for i, worker in enumerate(self.pool):
@@ -425,6 +424,8 @@ class Driver:
                             box["ooms"] = self.ooms(box)
                         results[message["id"]] = message
                         worker["job"] = None
+                        self.drop(worker["box"])  # with all the job left in it: no later job
+                        worker["box"] = None  # of the submission finds what this one wrote
                 elif worker["closed"] or time.monotonic() > worker["deadline"]:
                     job = worker["job"]
                     results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
@@ -432,12 +433,6 @@ class Driver:
                                               calls={}, snapshots={})
                     self.kill_worker(worker)
                     self.pool[self.pool.index(worker)], = self.start_workers(1)
-        for worker in self.pool:  # the batch is done: its sandboxes go, with all left in them
-            if worker.pop("used", False):
-                self.drop(worker["box"])
-                worker["box"] = None
-        while self.ahead and len(self.boxes) < 2 * self.workers:  # the next students' sandboxes
-            self.boxes.append(self.start_box())
         return [results[job["id"]] for job in jobs]
 
     def close(self) -> None:
@@ -487,7 +482,7 @@ def kind(test: str, snapshots: dict) -> str:
 def compute_map(reference: str, tests: dict, quiet=False) -> dict:
     started = time.monotonic()
     names, fn_names = list(EXERCISE_OF), list(functions(reference))
-    driver = Driver(tests, 0, constants(reference), fn_names)
+    driver = Driver(tests, 0, constants(reference), fn_names, ahead=True)
     try:
         everything = list(driver.tests)
         whole, = driver.run([dict(student=reference, label="tokencredit.py", reference=None,
@@ -705,13 +700,14 @@ class Grader:
         self.plan = scheme(mapping, self.exercises, self.in_order)
         self.shapes = {}
 
-    def start(self, workers=None, ahead=True) -> None:
-        """The judges, with their copy of the tests, before any submission is read; ahead (a
-        class): each next submission's sandboxes start while the one before is graded."""
+    def start(self, workers=None, ahead=True, jobs=None) -> None:
+        """The judges, with their copy of the tests, before any submission is read, and a
+        sandbox for each job (each exercise, unless said); ahead (a class): each next
+        submission's sandboxes start while the one before is graded."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits,
-                                 workers or self.workers, ahead)
+                                 workers or self.workers, ahead, jobs or len(self.exercises))
             self.found = self.driver.sandbox
 
     def tests_of(self, k) -> list:
@@ -774,7 +770,7 @@ class Grader:
         jobs = self.jobs(source, [k for k in exercises if k not in same])
         ran = []
         if jobs:
-            self.start(min(self.workers or 2, len(jobs)), ahead=False)  # one grade, if not started
+            self.start(min(self.workers or 2, len(jobs)), False, len(jobs))  # one grade
             try:
                 ran = self.driver.run(jobs)
             except BaseException:  # the grader's own failure: the next file gets fresh judges
