@@ -799,7 +799,7 @@ class Grader:
         box = self.sandbox()
         if box is None:
             return "NO SANDBOX: " + NO_SANDBOX
-        return ("sandbox: bubblewrap, each submission alone (its own PID, mount, network and user "
+        return ("sandbox: bubblewrap, each exercise alone (its own PID, mount, network and user "
                 "namespaces" + (", its own uid" if box["uid"] else "")
                 + (", its memory counted whole" if box.get("cgroup") else
                    ", memory limited per process") + ")")
