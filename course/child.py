@@ -12,6 +12,7 @@ new empty folder, and only then reads the student's file and runs it. It answers
 kill a child.
 """
 
+import ctypes
 import json
 import linecache
 import os
@@ -39,6 +40,10 @@ def zygote(fd: int, work: str) -> None:
     imports the rest itself, from the sandbox's read-only views of the Python."""
     control = socket.socket(fileno=fd)
     torch.set_num_threads(1)
+    # In a sandbox this is its pid 1 (bwrap's --as-pid-1): all in it die with it, and it dies
+    # with bwrap. Not dumpable, so no process of the student's (same uid) may ptrace it to undo
+    # that; its children inherit it.
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     try:  # out of memory, the kernel kills a sandbox's processes first, not the grader's
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
@@ -48,9 +53,14 @@ def zygote(fd: int, work: str) -> None:
     children = set()
     while True:
         ready, _, _ = select.select([control], [], [], 0.05)
-        for pid in list(children):  # report each child's end, so the judge can say why
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
+        while True:  # each child's end, so the judge can say why; as pid 1, orphans' too
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # none left
+                break
+            if not pid:
+                break
+            if pid in children:
                 children.discard(pid)
                 control.sendall(json.dumps(dict(exit=pid, status=status)).encode() + b"\n")
         if not ready:

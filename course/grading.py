@@ -87,7 +87,7 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
     With uid (as root), ENTER's command line that starts it as uid, the outside uid that the
     sandbox's user maps to."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr",
+            "--as-pid-1", "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr",
             "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
     for name in ("/bin", "/sbin", "/lib", "/lib64"):
         argv += ["--symlink", os.readlink(name), name] if os.path.islink(name) else [
