@@ -183,7 +183,7 @@ def read_form(path: str) -> tuple:
             return None, f"{FORM} is not a plain file: 0 written points"
         if info.st_size > MAX_BYTES:
             return None, f"{FORM} holds {info.st_size} bytes, over {MAX_BYTES}: not read"
-        with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a BOM (Notepad) dropped
+        with open(path, encoding="utf-8-sig", errors="replace") as f:  # a BOM (Notepad) dropped
             return f.read(MAX_BYTES), None
     except FileNotFoundError:
         return None, NO_FORM
