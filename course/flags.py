@@ -48,6 +48,17 @@ def text_of(node):
     return None
 
 
+def in_string(text: str) -> list:
+    """The flags of a string's text when it parses as code, else none."""
+    try:
+        if len(text) > BIG_LITERAL:  # flagged as a literal
+            return []
+        ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return scan(text)
+
+
 def scan(source: str, extra_files=()) -> list:
     """The flags of a submission: "line N: what"."""
     flags = [f"the submission also holds {name}, which grading ignores" for name in extra_files
@@ -68,10 +79,18 @@ def scan(source: str, extra_files=()) -> list:
              and node.args[0].func.id == "locals" and not node.args[0].args}
     modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    calls = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
         said = None
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in \
+                docstrings and (inner := in_string(node.value)):  # typing or eval could run it
+            said = inner[0].split(": ", 1)[-1]
+            said = said if said.startswith("holds code") else f"holds code in a string ({said})"
+        elif isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in calls and \
+                (getattr(node, "id", None) or node.attr) in BY_NAME:  # reduce(getattr, ...)
+            said = f"passes {getattr(node, 'id', None) or node.attr} as a value"
+        elif isinstance(node, ast.Import):
             bad = [a.name for a in node.names if a.name.split(".")[0] not in IMPORTS
                    or reaches(a.name)]  # import numpy.ctypeslib, torch.utils.cpp_extension
             said = f"imports {', '.join(bad)}" if bad else None
