@@ -219,9 +219,8 @@ class Child:
 
     def backward(self, header: dict, blobs) -> None:
         inputs, outputs = self.graphs[header["id"]]
-        grads = protocol.decode_tensors(header["tensors"], blobs)
-        given = [grads[i] if i is not None else torch.zeros_like(o)
-                 for i, o in zip(header["grads"], outputs)]
+        grads = protocol.decode(header["grads"], protocol.decode_tensors(header["tensors"], blobs))
+        given = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads, outputs)]
         found = torch.autograd.grad(outputs, inputs, given, retain_graph=True, allow_unused=True)
         value, table, out_blobs, _ = protocol.encode([g for g in found])
         self.send(dict(op="grads", value=value, tensors=table), out_blobs)

@@ -62,12 +62,9 @@ class Session:
 
     def receive(self) -> tuple:
         """The child's next message, whole by the deadline (not only each read by it)."""
-        deadline = min(self.deadline, self.test_deadline)
-        if deadline <= time.monotonic():
-            self.stop("time" if time.monotonic() >= self.deadline else "test time",
-                      "it ran past the time limit")
-        try:
-            header, blobs = protocol.receive(self.sock, REPLY_LIMIT, deadline)
+        try:  # a deadline already past times out before any read
+            header, blobs = protocol.receive(self.sock, REPLY_LIMIT,
+                                             min(self.deadline, self.test_deadline))
         except socket.timeout:
             which = "time" if time.monotonic() >= self.deadline else "test time"
             self.stop(which, "it ran past the time limit")
@@ -154,7 +151,7 @@ class Session:
         ins = [t for t in sent if t.requires_grad]
         plain = [t.detach() for t in tensors]
         if outs and ins:
-            linked = Remote.apply(Link(self, call_id, [plain[i] for i in outs]), *ins)
+            linked = Remote.apply((self, call_id, [plain[i] for i in outs]), *ins)
             linked = linked if isinstance(linked, tuple) else (linked,)
             for i, t in zip(outs, linked):
                 plain[i] = t
@@ -182,13 +179,8 @@ class Session:
     def backward(self, call_id, grad_outputs, n_inputs):
         if self.dead:
             raise GraderLimit(f"the student's process stopped: {self.dead}")
-        given = [g for g in grad_outputs if g is not None]
-        index, k = [], 0
-        for g in grad_outputs:
-            index.append(k if g is not None else None)
-            k += g is not None
-        value, table, blobs, _ = protocol.encode(given)
-        self.send(dict(op="backward", id=call_id, grads=index, tensors=table), blobs)
+        value, table, blobs, _ = protocol.encode(list(grad_outputs))  # None: no gradient
+        self.send(dict(op="backward", id=call_id, grads=value, tensors=table), blobs)
         header, blobs = self.receive()
         if header.get("op") == "raise":
             raise self.exception(header)
@@ -213,26 +205,19 @@ class Session:
         return error
 
 
-class Link:
-    """What Remote needs to find its call in the child again."""
-
-    def __init__(self, session, call_id, outputs):
-        self.session, self.call_id, self.outputs = session, call_id, outputs
-
-
 class Remote(torch.autograd.Function):
     """The child's outputs as a function of the inputs that require grad: backward sends
     grad_output to the child, which differentiates the graph it kept for this call."""
 
     @staticmethod
-    def forward(ctx, link, *inputs):
-        ctx.link, ctx.n = link, len(inputs)
-        return tuple(o.clone() for o in link.outputs)
+    def forward(ctx, call, *inputs):  # call: (the session, the call's id, the child's outputs)
+        ctx.call, ctx.n = call[:2], len(inputs)
+        return tuple(o.clone() for o in call[2])
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        grads = ctx.link.session.backward(ctx.link.call_id, grad_outputs, ctx.n)
-        return (None, *grads)
+        session, call_id = ctx.call
+        return (None, *session.backward(call_id, grad_outputs, ctx.n))
 
 
 class Function:
@@ -441,7 +426,6 @@ class Worker:
         os.environ["TOKENCREDIT_SEED"] = str(job.get("seed", self.config["seed"]))  # this fork's
         results, error = {}, None
         limits = self.config["limits"]
-        test_limit = float(job.get("test_limit", limits["test_s"]))
         session = None
         self.called = {}
         try:
@@ -472,7 +456,7 @@ class Worker:
                     counts = getattr(getattr(module, "_snapshot", None), "counts", None)
                     if isinstance(counts, dict):
                         counts.clear()
-                session.test_deadline = time.monotonic() + test_limit
+                session.test_deadline = time.monotonic() + float(limits["test_s"])
                 reports = runner.runtestprotocol(item, nextitem=None, log=False)
                 failed = [r for r in reports if r.failed]
                 results[name] = self.failure(failed[0], session) if failed else None
