@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -218,12 +219,20 @@ def cmd_list(args) -> None:
 
 
 def cmd_plants(args) -> None:
+    """selfcheck's plants as a class to grade, each the reference with one edit."""
     from .exercises import CORRECT, ENDLESS, MISTAKES
-    if not MISTAKES:  # a handout's or a bundle's copy (which holds no selfcheck.py either)
+    if not MISTAKES:  # a handout's or a bundle's copy
         raise SystemExit("course: this copy holds no planted mistakes; run this in the repository")
-    from .selfcheck import write_plants
-    n = write_plants(args.dir)
-    print(f"wrote {n} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
+    from .handout import new_folder
+    from .source import apply_edits
+    new_folder(args.dir)
+    os.makedirs(args.dir, exist_ok=True)
+    reference, plants = read(os.path.join(ROOT, "tokencredit.py")), MISTAKES + CORRECT + (ENDLESS,)
+    for i, (k, what, edits) in enumerate(plants, 1):
+        slug = re.sub(r"[^a-z0-9]+", "-", what.lower().replace(">", "above")).strip("-")
+        with open(os.path.join(args.dir, f"{i:02d}-ex{k}-{slug[:40]}.py"), "w") as f:
+            f.write(apply_edits(reference, edits))
+    print(f"wrote {len(plants)} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
           f"{len(CORRECT)} other correct solutions, 1 endless loop (exercise {ENDLESS[0]}); "
           f"the file name says which exercise each should cost")
 
