@@ -237,7 +237,9 @@ def cmd_plants(args) -> None:
           f"the file name says which exercise each should cost")
 
 
-def add_limits(parser) -> None:
+def add_seed_and_limits(parser) -> None:
+    parser.add_argument("--seed", type=int, help="the fresh inputs' seed, one for every file "
+                        "(default: each file's own, from COURSE_SECRET)")
     parser.add_argument("--time-limit", type=float, dest="time_s", metavar="S",
                         help=f"seconds per exercise (default {LIMITS['time_s']:g})")
     parser.add_argument("--memory-limit", type=int, dest="memory_mb", metavar="MB",
@@ -266,10 +268,8 @@ def main(argv=None) -> None:
                        help="only this exercise, with its failing tests (repeatable)")
     grade.add_argument("-v", "--verbose", action="store_true", help="list the failing tests")
     grade.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json")
-    grade.add_argument("--seed", type=int, help="the fresh inputs' seed (default: the file's "
-                       "own, from COURSE_SECRET)")
     grade.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
-    add_limits(grade)
+    add_seed_and_limits(grade)
     class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
     class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/ (with "
                         "written.txt)")
@@ -278,23 +278,19 @@ def main(argv=None) -> None:
     class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
     class_.add_argument("--gradescope-dir", metavar="OUT",
                         help="also write OUT/STUDENT/results.json")
-    class_.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
-                        "own, from COURSE_SECRET; written in the CSV)")
     class_.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     class_.add_argument("--order", choices=("name", "reverse", "random"), default="name",
                         help="the order students are graded in (the CSV is always by name)")
     class_.add_argument("--no-sandbox-ok", action="store_true", help="grade even where no "
                         "sandbox can run (students can then reach each other: docs/instructors.md)")
-    add_limits(class_)
+    add_seed_and_limits(class_)
     bundle = commands.add_parser("gradescope", help="write a Gradescope autograder bundle (.zip)")
     bundle.add_argument("out", help="the .zip to write")
     bundle.add_argument("--set", required=True, choices=SETS, help=sets)
-    bundle.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
-                        "own, from COURSE_SECRET)")
     bundle.add_argument("--no-sandbox-ok", action="store_true", help="grade even on an image "
                         "where no sandbox can run (a student's code can then write its own "
                         "results.json)")
-    add_limits(bundle)
+    add_seed_and_limits(bundle)
     auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
     auto.add_argument("--root", default="/autograder")
     list_ = commands.add_parser("list", help="the points table and each function's tests")

@@ -139,8 +139,6 @@ class Child:
                     self.call(header, blobs)
                 elif op == "backward":
                     self.backward(header, blobs)
-                elif op == "free":
-                    self.graphs.pop(header["id"], None)
                 else:
                     os._exit(0)
             except BaseException as error:  # noqa: B902 -- everything becomes a value

@@ -452,10 +452,6 @@ class Worker:
                     self.record(item)
                 self.current, self.diff, session.where, session.called = name, [], [], set()
                 session.sees_writes = name.startswith(SEES_WRITES)
-                for module in [m for n, m in sys.modules.items() if n.startswith("test_")]:
-                    counts = getattr(getattr(module, "_snapshot", None), "counts", None)
-                    if isinstance(counts, dict):
-                        counts.clear()
                 session.test_deadline = time.monotonic() + float(limits["test_s"])
                 reports = runner.runtestprotocol(item, nextitem=None, log=False)
                 failed = [r for r in reports if r.failed]
