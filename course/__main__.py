@@ -32,16 +32,14 @@ def setting(set_name=None, seed=None) -> dict:
         saved = json.loads(read(os.path.join(ROOT, MAP_FILE)))
         return dict(reference=None, mapping=saved, exercises=saved["exercises"],
                     set=saved["set"], seed=0, limits={})
-    reference = read(os.path.join(ROOT, "tokencredit.py"))
+    reference, config = read(os.path.join(ROOT, "tokencredit.py")), dict(set=set_name or "all")
     if os.path.exists(os.path.join(ROOT, BUNDLE_FILE)):
         config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
-        return dict(reference=reference, mapping=test_map(reference), set=config["set"],
-                    exercises=list(SETS[config["set"]]), seed=config.get("seed"),
-                    limits=config.get("limits", {}), secret=config.get("secret"))
-    set_name = set_name or "all"
-    return dict(reference=reference, mapping=test_map(reference), set=set_name,
-                exercises=list(SETS[set_name]), seed=seed, limits={},
-                secret=course_secret() if seed is None else None)
+    else:
+        config.update(seed=seed, secret=course_secret() if seed is None else None)
+    return dict(reference=reference, mapping=test_map(reference), set=config["set"],
+                exercises=list(SETS[config["set"]]), seed=config.get("seed"),
+                limits=config.get("limits", {}), secret=config.get("secret"))
 
 
 def limits_of(args) -> dict:
@@ -138,9 +136,8 @@ def cmd_grade_all(args) -> None:
         raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install bubblewrap "
                          "(and allow user namespaces), or pass --no-sandbox-ok to grade anyway "
                          "(docs/instructors.md says what is then unprotected)")
-    csv_file = args.csv or "grades.csv"
-    if os.path.exists(csv_file):
-        os.remove(csv_file)  # a stopped run leaves no old file that looks new
+    if os.path.exists(args.csv):
+        os.remove(args.csv)  # a stopped run leaves no old file that looks new
     students = students_of(args.dir)
     order = students[::-1] if args.order == "reverse" else list(students)
     if args.order == "random":
@@ -171,7 +168,7 @@ def cmd_grade_all(args) -> None:
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
     sandbox = "bubblewrap" if grader.sandbox() else "none"
-    tmp = csv_file + ".tmp"
+    tmp = args.csv + ".tmp"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["student", "set", "seed"] + [f"exercise {k}" for k in where["exercises"]]
@@ -190,10 +187,10 @@ def cmd_grade_all(args) -> None:
                 os.makedirs(place, exist_ok=True)
                 with open(os.path.join(place, "results.json"), "w") as g:
                     json.dump(report.gradescope(rows, flags, answers), g, indent=1)
-    os.replace(tmp, csv_file)
+    os.replace(tmp, args.csv)
     print(f"graded {len(students)} submissions (set {where['set']}, "
           + (f"seed {where['seed']}" if where["seed"] is not None else "each file's own seed")
-          + f") in {time.monotonic() - started:.1f} s: wrote {csv_file}"
+          + f") in {time.monotonic() - started:.1f} s: wrote {args.csv}"
           + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else "")
           + f"\n{grader.sandbox_line()}")
     if failed:
@@ -275,7 +272,7 @@ def main(argv=None) -> None:
                         "written.txt)")
     class_.add_argument("--set", choices=SETS, help="which exercises (needed in the repository; "
                         "a handout or a bundle knows its own)")
-    class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
+    class_.add_argument("--csv", metavar="FILE", default="grades.csv", help="default grades.csv")
     class_.add_argument("--gradescope-dir", metavar="OUT",
                         help="also write OUT/STUDENT/results.json")
     class_.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
@@ -288,8 +285,7 @@ def main(argv=None) -> None:
     bundle.add_argument("out", help="the .zip to write")
     bundle.add_argument("--set", required=True, choices=SETS, help=sets)
     bundle.add_argument("--no-sandbox-ok", action="store_true", help="grade even on an image "
-                        "where no sandbox can run (a student's code can then write its own "
-                        "results.json)")
+                        "where no sandbox can run (a student's code could write its results.json)")
     add_seed_and_limits(bundle)
     auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
     auto.add_argument("--root", default="/autograder")

@@ -77,9 +77,13 @@ class Session:
         if header.get("op") == "limit":
             self.stop("memory" if header.get("which") == "memory" else "malformed",
                       "it reached the limit")  # the only limit a child reports itself
+        if header.get("op") == "raise":  # the student's exception, as a value
+            raise self.exception(header)
         return header, blobs
 
     def send(self, header, blobs=()) -> None:
+        if self.dead:  # every later call of the same exercise
+            raise GraderLimit(f"the student's process stopped: {self.dead}")
         try:
             protocol.send(self.sock, header, blobs)
         except OSError:
@@ -103,17 +107,12 @@ class Session:
         self.send(dict(op="load", student=job["student"], label=job["label"],
                        reference=job.get("reference"), names=job["names"],
                        given=job.get("given", []), trace=job.get("trace")))
-        header, _ = self.receive()
-        if header.get("op") == "raise":
-            raise self.exception(header)
-        if header.get("op") != "loaded":
+        if self.receive()[0].get("op") != "loaded":
             self.stop("malformed", "it answered malformed data")
 
     # -- calls
 
     def call(self, name: str, args, kwargs):
-        if self.dead:
-            raise GraderLimit(f"the student's process stopped: {self.dead}")
         self.calls += 1
         call_id, callables = self.calls, []
         self.called.add(name)
@@ -126,8 +125,6 @@ class Session:
             if op == "callback":
                 self.answer_callback(header, blobs, callables)
                 continue
-            if op == "raise":
-                raise self.exception(header)
             if op != "return":
                 self.stop("malformed", f"it answered {str(op)[:30]!r} to a call")
             try:
@@ -177,13 +174,9 @@ class Session:
             self.send(dict(op="callback_raise", type=type(error).__name__, message=str(error)))
 
     def backward(self, call_id, grad_outputs, n_inputs):
-        if self.dead:
-            raise GraderLimit(f"the student's process stopped: {self.dead}")
         value, table, blobs, _ = protocol.encode(list(grad_outputs))  # None: no gradient
         self.send(dict(op="backward", id=call_id, grads=value, tensors=table), blobs)
         header, blobs = self.receive()
-        if header.get("op") == "raise":
-            raise self.exception(header)
         try:
             grads = protocol.decode(header["value"], protocol.decode_tensors(header["tensors"],
                                                                              blobs))
