@@ -11,6 +11,7 @@ text escaped here (`clean`).
 """
 
 import ast
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -292,11 +293,9 @@ class Driver:
             worker["process"].kill()
             worker["process"].wait()
         else:
-            try:
+            with contextlib.suppress(OSError):  # gone already
                 signal.pidfd_send_signal(worker["pidfd"], signal.SIGKILL)
                 select.select([worker["pidfd"]], [], [], 10)
-            except OSError:  # gone already
-                pass
             os.close(worker.pop("pidfd"))
         worker["channel"].close()
 
@@ -312,11 +311,9 @@ class Driver:
                 if worker["job"] is None and todo[i]:
                     job = todo[i].pop(0)
                     worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
-                    try:
+                    with contextlib.suppress(OSError):  # a dead worker: its deadline says so
                         self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
-                    except OSError:
-                        pass
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:

@@ -1,17 +1,16 @@
-"""The judge's side: a pytest session that never imports or runs a student's code.
+"""The judge's side: a pytest session that never imports or runs a student's code (docs/course.md,
+"The student's code computes; the grader judges").
 
-The tests import `tokencredit`; here that name is a proxy. Its constants come from the
-instructor's file (read as literals, not run), and each call of one of its functions goes to the
-student's process (course/child.py), which answers with values. A value that carries a gradient
-comes back as the output of an autograd Function whose backward asks the child for the gradient
-of the graph it kept. A callable the test passes (fill_batch's sample_groups) stays here and the
-child calls it back. An exception comes back as its type's name and message: a type of
-ALLOWED is raised as itself, any other as StudentError. The comparisons, the verdicts and the
-score are made here.
+The tests' `tokencredit` is a proxy: its constants are the instructor's file's literals (not run),
+and each call goes to the student's process (course/child.py), which answers with values: a
+gradient through Remote, a callable the test passes (fill_batch's sample_groups) called back
+here, an exception as its type's name and message (a type of ALLOWED raised as itself, any other
+as StudentError).
 
     python -m course.judge FD...   workers, one a line FD: jobs come from course/grading.py's driver
 """
 
+import contextlib
 import json
 import os
 import re
@@ -98,10 +97,8 @@ class Session:
 
     def kill(self) -> None:
         self.zygote.kill(self.pid)
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     def load(self, job: dict) -> None:
         self.send(dict(op="load", student=job["student"], label=job["label"],
@@ -287,10 +284,8 @@ class Zygote:
 
     def kill(self, pid: int) -> None:
         """Child `pid` (a pid in the zygote's sandbox) and its process group, by its zygote."""
-        try:
+        with contextlib.suppress(OSError):
             self.control.sendall(json.dumps(dict(kill=pid)).encode())
-        except OSError:
-            pass
 
     def why(self, pid: int) -> tuple:
         """(limit, why) for a child that closed its line: from its exit status."""

@@ -9,13 +9,14 @@ marks for those and 0 for the rest. Each plant's points over many seeds beside i
 grade: `python tests/test_score.py 20`.
 """
 
+import json
 import os
 import tempfile
 import time
 
 from .exercises import CORRECT, ENDLESS, EXERCISES, MISTAKES, SETS
 from .grading import MAP_FILE, ROOT, Grader, read, scheme, test_files, test_map
-from .handout import all_answers, handout_map, scan_handout, write_handout
+from .handout import all_answers, scan_handout, write_handout
 from .source import apply_edits, blank
 
 
@@ -89,15 +90,15 @@ def cmd_selfcheck() -> None:
 def check_handouts(reference: str, sets=SETS) -> list:
     """Each set's handout: nothing that solves it; in order, full marks for what is written."""
     problems = []
-    answers, mapping = all_answers(), handout_map(reference)
+    answers = all_answers()
     with tempfile.TemporaryDirectory(prefix="handout-") as tmp:
         for set_name, exercises in sets.items():
             out = os.path.join(tmp, set_name)
             write_handout(out, set_name, False, reference)
             found = scan_handout(out, reference, exercises, answers)
             problems += [f"handout {set_name}: {p}" for p in found]
-            problems += few_tests(scheme(mapping, exercises, True), f"handout {set_name}")
-            saved = __import__("json").loads(read(os.path.join(out, MAP_FILE)))
+            saved = json.loads(read(os.path.join(out, MAP_FILE)))
+            problems += few_tests(scheme(saved, exercises, True), f"handout {set_name}")
             grader = Grader(None, saved, exercises, 0, tests=test_files(out))
             said = []
             try:
