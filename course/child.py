@@ -98,8 +98,6 @@ def child(spec: dict, fd: int, work: str) -> None:
                          (resource.RLIMIT_CORE, 0),
                          (resource.RLIMIT_NPROC, int(limits["processes"]))):
         resource.setrlimit(which, (value, value))
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
     os.closerange(3, fd)  # every file the zygote had open, but the line to the judge
     os.closerange(fd + 1, 1 << 16)
     for number in (signal.SIGXFSZ, signal.SIGXCPU, signal.SIGPIPE, signal.SIGTERM,

@@ -342,20 +342,18 @@ class Worker:
 
     def patch_comparisons(self) -> None:
         """torch.allclose and torch.equal here note where they first differ (values unchanged)."""
-        worker = self
-
         def noted(original):
             def compare(a, b, *args, **kwargs):
                 result = original(a, b, *args, **kwargs)
                 if not result and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                    session = worker.session
+                    session = self.session
                     def came(x):
                         ref = session.returned.get(id(x)) if session else None
                         return ref is not None and ref() is x
                     got_first = session is None or came(a) or not came(b)
                     note = first_difference(a, b, got_first)
                     if note:
-                        worker.diff.append(f"{original.__name__}: {note}")
+                        self.diff.append(f"{original.__name__}: {note}")
                 return result
             compare.__name__ = original.__name__
             return compare
@@ -447,7 +445,6 @@ class Worker:
                 self.called[name] = sorted(session.called)
         if session is not None:
             session.kill()
-        self.module._session = self.session = None
         return dict(id=job["id"], results=results, error=error,
                     limit=session.limit if session else None,
                     stopped=session.dead if session else None,
