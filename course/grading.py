@@ -420,8 +420,7 @@ def test_map(reference: str, tests=None) -> dict:
     key = map_key(reference, tests)
     path = os.path.join(CACHE, f"map-{key[:16]}.json")
     if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
+        saved = json.loads(read(path))
         body = saved.get("map")
         if saved.get("key") == key and saved.get("sha") == sha(json.dumps(body, sort_keys=True)):
             return body

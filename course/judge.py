@@ -25,6 +25,7 @@ import weakref
 import torch
 
 from . import child, protocol
+from .source import snapshot_value
 
 ALLOWED = {e.__name__: e for e in (
     ValueError, TypeError, NotImplementedError, IndexError, KeyError, RuntimeError,
@@ -425,7 +426,8 @@ class Worker:
                             for w in getattr(raised, "student_where", []))
             error = f"{type(raised).__name__}: {raised}{where}"
         if error is None:
-            record = job.get("record")
+            if job.get("record"):
+                self.record()
             for name in job["tests"]:
                 item = self.items.get(name)
                 if item is None:
@@ -434,8 +436,6 @@ class Worker:
                 if session.dead:
                     results[name] = f"not run: the student's process stopped: {session.dead}"
                     continue
-                if record:
-                    self.record(item)
                 self.current, self.diff, session.where, session.called = name, [], [], set()
                 session.sees_writes = name.startswith(SEES_WRITES)
                 session.test_deadline = time.monotonic() + float(limits["test_s"])
@@ -480,17 +480,14 @@ class Worker:
                        if w[0] != "reference.py" else f"called from the reference's {w[2]}")
         return "\n".join(out)[:FAILURE_LIMIT]
 
-    def record(self, item) -> None:
-        """Wrap the test module's ref_* loops to record what each returns (a handout's
-        snapshots)."""
+    def record(self) -> None:
+        """Wrap the test modules' ref_* loops to record what each returns (a handout's
+        snapshots): once a job, in the job's own fork of the judge."""
         for module in [m for n, m in list(sys.modules.items()) if n.startswith("test_")]:
             for name in [n for n in vars(module) if n.startswith("ref_")]:
-                if not getattr(getattr(module, name), "_recorded", False):
-                    setattr(module, name, self.recorder(name, getattr(module, name)))
+                setattr(module, name, self.recorder(name, getattr(module, name)))
 
     def recorder(self, name, loop):
-        from .source import snapshot_value
-
         def recorded(*args, **kwargs):
             out = loop(*args, **kwargs)
             count = self.counts.get((self.current, name), 0)
@@ -507,7 +504,6 @@ class Worker:
             self.snapshots[f"{self.current}::{name}::{count}"] = dict(
                 value=snapshot_value(out), grads=grads)
             return out
-        recorded._recorded = True
         return recorded
 
 
