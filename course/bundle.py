@@ -1,7 +1,5 @@
-"""The Gradescope bundle (docs/course.md, "Gradescope"): the grader without the planted mistakes,
-the handout writer or selfcheck; the reference; the official tests; the map; the set, secret (or
-seed) and limits. setup.sh installs bubblewrap and what grading imports; run_autograder grades.
-"""
+"""The Gradescope bundle (docs/course.md, "Gradescope", says what it carries and why): `gradescope`
+writes it; in it, run_autograder runs `autograde`, which grades the submission."""
 
 import json
 import os
