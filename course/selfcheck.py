@@ -2,11 +2,11 @@
 handout part on one set).
 
 The reference passes every test through the grader; a blank file fails every graded test with
-NotImplementedError; each planted mistake costs its own exercise only; each other correct
-solution gets full marks; an endless loop costs its own exercise, named as a time limit; each
-set's handout holds no solution, loop or answer, and, its exercises written in order, gets full
-marks for those and 0 for the rest. Each plant's points over many seeds beside its handout
-grade: `python tests/test_score.py 20`.
+NotImplementedError; an endless loop costs its own exercise, named as a time limit; each set's
+handout holds no solution, loop or answer, and, its exercises written in order, gets full marks
+for those and 0 for the rest; in a handout, each planted mistake costs its own exercise points
+and each other correct solution none. The official grade's plants are tests/test_score.py's (on
+several seeds, in CI); `python tests/test_score.py 20` prints both grades of each plant.
 """
 
 import json
@@ -28,10 +28,6 @@ def few_tests(plan: dict, where: str) -> list:
             for counted in [[t for t in tests if t not in p["later"]]] if len(counted) < 3]
 
 
-def lost(rows) -> dict:
-    return {r["k"]: round(r["max"] - r["points"], 2) for r in rows if r["points"] < r["max"]}
-
-
 def cmd_selfcheck() -> None:
     started = time.monotonic()
     reference = read(os.path.join(ROOT, "tokencredit.py"))
@@ -43,43 +39,22 @@ def cmd_selfcheck() -> None:
           + ", ".join(f"{k}: {len({t for ts in p['functions'].values() for t in ts})}"
                       for k, p in full.items()))
     problems += few_tests(full, "the official grade")
-    grader = Grader(reference, mapping, list(EXERCISES), 0)
-    grader.start()
+    k, what, edits = ENDLESS  # graded with 2 s per test, as the blank (it fails at once)
+    grader = Grader(reference, mapping, list(EXERCISES), 0, dict(test_s=2, time_s=30))
     try:
         rows = grader.grade(blank(reference, EXERCISES))
-        if any(r["points"] for r in rows) or any(r["passed"] for r in rows):
-            problems.append(f"the blank file scores {[r['points'] for r in rows]}")
-        print(f"blank file: {sum(r['points'] for r in rows):g} points, "
-              f"{sum(r['passed'] for r in rows)} tests passed")
-        print("points lost in the official grade (seed 0), one exercise at a time:")
-        for k, what, edits in MISTAKES + CORRECT:
-            kind = "mistake" if (k, what, edits) in MISTAKES else "correct"
-            try:
-                text = apply_edits(reference, edits)
-            except ValueError as error:
-                problems.append(f"{kind} {what!r}: {error}")
-                continue
-            rows = grader.grade(text, f"{what}.py")
-            cost = lost(rows)
-            print(f"  {kind} {what!r:50} (exercise {k}): "
-                  + (", ".join(f"exercise {j} -{p:g}" for j, p in cost.items()) or "none"))
-            if kind == "mistake" and list(cost) != [k]:
-                problems.append(f"mistake {what!r} should cost exercise {k} only, cost {cost}")
-            if kind == "correct" and cost:
-                problems.append(f"the correct {what!r} loses points: {cost}")
+        endless = grader.grade(apply_edits(reference, edits))
     finally:
         grader.close()
-    k, what, edits = ENDLESS
-    slow = Grader(reference, mapping, list(EXERCISES), 0, dict(test_s=2, time_s=30))
-    try:
-        rows = slow.grade(apply_edits(reference, edits))
-    finally:
-        slow.close()
-    cost = lost(rows)
-    said = [r.get("error") or "" for r in rows if r["k"] == k]
-    print(f"  {what}: costs exercise(s) {sorted(cost)}; the report says {said}")
-    if list(cost) != [k] or "time limit (2 s per test)" not in said[0]:
-        problems.append(f"{what} should cost exercise {k} only, named as a time limit: {rows}")
+    if any(r["points"] for r in rows) or any(r["passed"] for r in rows):
+        problems.append(f"the blank file scores {[r['points'] for r in rows]}")
+    print(f"blank file: {sum(r['points'] for r in rows):g} points, "
+          f"{sum(r['passed'] for r in rows)} tests passed")
+    cost = sorted(r["k"] for r in endless if r["points"] < r["max"])
+    said = [r.get("error") or "" for r in endless if r["k"] == k]
+    print(f"  {what}: costs exercise(s) {cost}; the report says {said}")
+    if cost != [k] or "time limit (2 s per test)" not in said[0]:
+        problems.append(f"{what} should cost exercise {k} only, named as a time limit: {endless}")
     problems += check_handouts(reference)
     for problem in problems:
         print("FAILED:", problem)
@@ -88,7 +63,8 @@ def cmd_selfcheck() -> None:
 
 
 def check_handouts(reference: str, sets=SETS) -> list:
-    """Each set's handout: nothing that solves it; in order, full marks for what is written."""
+    """Each set's handout: nothing that solves it; in order, full marks for what is written; in
+    the `all` set's, each plant (plants_in)."""
     problems = []
     answers = all_answers()
     with tempfile.TemporaryDirectory(prefix="handout-") as tmp:
@@ -110,6 +86,8 @@ def check_handouts(reference: str, sets=SETS) -> list:
                     if points != want:
                         problems.append(f"handout {set_name}, exercises {exercises[:i]} "
                                         f"written: points {points}, not {want}")
+                if set_name == "all":
+                    problems += plants_in(grader, reference)
             finally:
                 grader.close()
             print(f"handout {set_name}: {len(found)} solution lines, loops, answers or pointers "
@@ -119,4 +97,19 @@ def check_handouts(reference: str, sets=SETS) -> list:
         sheet = read(os.path.join(out, "docs", "course.md"))
         if "<details>" not in sheet:
             problems.append("handout --answers: the sheet lacks answers")
+    return problems
+
+
+def plants_in(grader, reference: str) -> list:
+    """Each plant's own exercise graded by a handout's grader: a mistake loses points, a correct
+    variant none."""
+    problems = []
+    print("points each plant loses in its own exercise, in the handout (set all, seed 0):")
+    for k, what, edits in MISTAKES + CORRECT:
+        row, = grader.grade(apply_edits(reference, edits), f"{what}.py", only=[k])
+        print(f"  {what!r:50} exercise {k}: loses {row['max'] - row['points']:g} "
+              f"({row['passed']}/{row['total']} tests passed)")
+        if (row["points"] < row["max"]) != ((k, what, edits) in MISTAKES):
+            problems.append(f"{what!r}: exercise {k} gets {row['points']}/{row['max']} in a "
+                            "handout")
     return problems
