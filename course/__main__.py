@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -31,16 +32,14 @@ def setting(set_name=None, seed=None) -> dict:
         saved = json.loads(read(os.path.join(ROOT, MAP_FILE)))
         return dict(reference=None, mapping=saved, exercises=saved["exercises"],
                     set=saved["set"], seed=0, limits={})
-    reference = read(os.path.join(ROOT, "tokencredit.py"))
+    reference, config = read(os.path.join(ROOT, "tokencredit.py")), dict(set=set_name or "all")
     if os.path.exists(os.path.join(ROOT, BUNDLE_FILE)):
         config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
-        return dict(reference=reference, mapping=test_map(reference), set=config["set"],
-                    exercises=list(SETS[config["set"]]), seed=config.get("seed"),
-                    limits=config.get("limits", {}), secret=config.get("secret"))
-    set_name = set_name or "all"
-    return dict(reference=reference, mapping=test_map(reference), set=set_name,
-                exercises=list(SETS[set_name]), seed=seed, limits={},
-                secret=course_secret() if seed is None else None)
+    else:
+        config.update(seed=seed, secret=course_secret() if seed is None else None)
+    return dict(reference=reference, mapping=test_map(reference), set=config["set"],
+                exercises=list(SETS[config["set"]]), seed=config.get("seed"),
+                limits=config.get("limits", {}), secret=config.get("secret"))
 
 
 def limits_of(args) -> dict:
@@ -137,9 +136,8 @@ def cmd_grade_all(args) -> None:
         raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install bubblewrap "
                          "(and allow user namespaces), or pass --no-sandbox-ok to grade anyway "
                          "(docs/instructors.md says what is then unprotected)")
-    csv_file = args.csv or "grades.csv"
-    if os.path.exists(csv_file):
-        os.remove(csv_file)  # a stopped run leaves no old file that looks new
+    if os.path.exists(args.csv):
+        os.remove(args.csv)  # a stopped run leaves no old file that looks new
     students = students_of(args.dir)
     order = students[::-1] if args.order == "reverse" else list(students)
     if args.order == "random":
@@ -170,7 +168,7 @@ def cmd_grade_all(args) -> None:
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
     sandbox = "bubblewrap" if grader.sandbox() else "none"
-    tmp = csv_file + ".tmp"
+    tmp = args.csv + ".tmp"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["student", "set", "seed"] + [f"exercise {k}" for k in where["exercises"]]
@@ -189,10 +187,10 @@ def cmd_grade_all(args) -> None:
                 os.makedirs(place, exist_ok=True)
                 with open(os.path.join(place, "results.json"), "w") as g:
                     json.dump(report.gradescope(rows, flags, answers), g, indent=1)
-    os.replace(tmp, csv_file)
+    os.replace(tmp, args.csv)
     print(f"graded {len(students)} submissions (set {where['set']}, "
           + (f"seed {where['seed']}" if where["seed"] is not None else "each file's own seed")
-          + f") in {time.monotonic() - started:.1f} s: wrote {csv_file}"
+          + f") in {time.monotonic() - started:.1f} s: wrote {args.csv}"
           + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else "")
           + f"\n{grader.sandbox_line()}")
     if failed:
@@ -218,17 +216,27 @@ def cmd_list(args) -> None:
 
 
 def cmd_plants(args) -> None:
+    """selfcheck's plants as a class to grade, each the reference with one edit."""
     from .exercises import CORRECT, ENDLESS, MISTAKES
-    if not MISTAKES:  # a handout's or a bundle's copy (which holds no selfcheck.py either)
+    if not MISTAKES:  # a handout's or a bundle's copy
         raise SystemExit("course: this copy holds no planted mistakes; run this in the repository")
-    from .selfcheck import write_plants
-    n = write_plants(args.dir)
-    print(f"wrote {n} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
+    from .handout import new_folder
+    from .source import apply_edits
+    new_folder(args.dir)
+    os.makedirs(args.dir, exist_ok=True)
+    reference, plants = read(os.path.join(ROOT, "tokencredit.py")), MISTAKES + CORRECT + (ENDLESS,)
+    for i, (k, what, edits) in enumerate(plants, 1):
+        slug = re.sub(r"[^a-z0-9]+", "-", what.lower().replace(">", "above")).strip("-")
+        with open(os.path.join(args.dir, f"{i:02d}-ex{k}-{slug[:40]}.py"), "w") as f:
+            f.write(apply_edits(reference, edits))
+    print(f"wrote {len(plants)} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
           f"{len(CORRECT)} other correct solutions, 1 endless loop (exercise {ENDLESS[0]}); "
           f"the file name says which exercise each should cost")
 
 
-def add_limits(parser) -> None:
+def add_seed_and_limits(parser) -> None:
+    parser.add_argument("--seed", type=int, help="the fresh inputs' seed, one for every file "
+                        "(default: each file's own, from COURSE_SECRET)")
     parser.add_argument("--time-limit", type=float, dest="time_s", metavar="S",
                         help=f"seconds per exercise (default {LIMITS['time_s']:g})")
     parser.add_argument("--memory-limit", type=int, dest="memory_mb", metavar="MB",
@@ -257,35 +265,28 @@ def main(argv=None) -> None:
                        help="only this exercise, with its failing tests (repeatable)")
     grade.add_argument("-v", "--verbose", action="store_true", help="list the failing tests")
     grade.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json")
-    grade.add_argument("--seed", type=int, help="the fresh inputs' seed (default: the file's "
-                       "own, from COURSE_SECRET)")
     grade.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
-    add_limits(grade)
+    add_seed_and_limits(grade)
     class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
     class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/ (with "
                         "written.txt)")
     class_.add_argument("--set", choices=SETS, help="which exercises (needed in the repository; "
                         "a handout or a bundle knows its own)")
-    class_.add_argument("--csv", metavar="FILE", help="default grades.csv")
+    class_.add_argument("--csv", metavar="FILE", default="grades.csv", help="default grades.csv")
     class_.add_argument("--gradescope-dir", metavar="OUT",
                         help="also write OUT/STUDENT/results.json")
-    class_.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
-                        "own, from COURSE_SECRET; written in the CSV)")
     class_.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     class_.add_argument("--order", choices=("name", "reverse", "random"), default="name",
                         help="the order students are graded in (the CSV is always by name)")
     class_.add_argument("--no-sandbox-ok", action="store_true", help="grade even where no "
                         "sandbox can run (students can then reach each other: docs/instructors.md)")
-    add_limits(class_)
+    add_seed_and_limits(class_)
     bundle = commands.add_parser("gradescope", help="write a Gradescope autograder bundle (.zip)")
     bundle.add_argument("out", help="the .zip to write")
     bundle.add_argument("--set", required=True, choices=SETS, help=sets)
-    bundle.add_argument("--seed", type=int, help="one seed for every file (default: each file's "
-                        "own, from COURSE_SECRET)")
     bundle.add_argument("--no-sandbox-ok", action="store_true", help="grade even on an image "
-                        "where no sandbox can run (a student's code can then write its own "
-                        "results.json)")
-    add_limits(bundle)
+                        "where no sandbox can run (a student's code could write its results.json)")
+    add_seed_and_limits(bundle)
     auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
     auto.add_argument("--root", default="/autograder")
     list_ = commands.add_parser("list", help="the points table and each function's tests")

@@ -1,15 +1,13 @@
-"""The Gradescope bundle (docs/course.md, "Gradescope"): the grader without the planted mistakes,
-the handout writer or selfcheck; the reference; the official tests; the map; the set, secret (or
-seed) and limits. setup.sh installs bubblewrap and what grading imports; run_autograder grades.
-"""
+"""The Gradescope bundle (docs/course.md, "Gradescope", says what it carries and why): `gradescope`
+writes it; in it, run_autograder runs `autograde`, which grades the submission."""
 
 import json
 import os
 import zipfile
 
-from .exercises import EXERCISES, SETS, points as exercise_points
+from .exercises import SETS
 from .grading import (BUNDLE_FILE, HERE, NO_SANDBOX, ROOT, Grader, course_secret, find_student,
-                      map_key, read, sha, shown, test_files, test_map)
+                      map_key, read, sha, shown, test_files, test_map, zero_rows)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
            "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
@@ -95,6 +93,7 @@ def cmd_autograde(root: str) -> None:
     answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
     grader = Grader(reference, test_map(reference), exercises, config.get("seed"),
                     config.get("limits"), secret=config.get("secret"))
+    flags = []
     try:
         grader.start(ahead=False)  # its judges and sandboxes: no code runs unless they are there
         if grader.sandbox() is None and not config.get("no_sandbox_ok"):  # it could write its own
@@ -102,25 +101,18 @@ def cmd_autograde(root: str) -> None:
                              "(one made with --no-sandbox-ok would)")
         student, source, extras = find_student(os.path.join(root, "submission"))
     except (ValueError, OSError) as error:
-        grader.close()
-        out = dict(score=0.0, output=f"No grade: {error}.",
-                   tests=[dict(name=f"exercise {k}: {EXERCISES[k][0]}", score=0.0,
-                               max_score=exercise_points(k), output=str(error))
-                          for k in exercises] + written.gradescope_tests(*answers))
-        out["score"] = round(sum(t.get("score", 0) for t in out["tests"]), 2)
+        rows, said = zero_rows(exercises, str(error)), f"No grade: {error}."
     else:
         flags = scan(source, extras)
-        try:
-            rows = grader.grade(source, shown(os.path.basename(student)))
-        finally:
-            grader.close()  # its sandboxes, and all in them, go with the judges
-        out = report.gradescope(rows, flags, answers)
-        line = grader.sandbox_line()
-        if line.startswith("NO SANDBOX"):  # on an image that cannot run bwrap: say so
-            out["output"] = "\n".join(filter(None, [line, out.get("output")]))
-        print(line)
-        print(report.format_rows(rows, True))  # run_autograder's stdout: for the instructor
-        print("\n".join(written.lines(*answers, instructor=True)))
+        rows, said = grader.grade(source, shown(os.path.basename(student))), grader.sandbox_line()
+    finally:
+        grader.close()  # its sandboxes, and all in them, go with the judges
+    out = report.gradescope(rows, flags, answers)
+    if said.startswith(("NO SANDBOX", "No grade")):  # where the student reads it
+        out["output"] = "\n".join(filter(None, [said, out.get("output")]))
+    print(said)
+    print(report.format_rows(rows, True))  # run_autograder's stdout: for the instructor
+    print("\n".join(written.lines(*answers, instructor=True)))
     with open(results, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {results}: {out['score']} points")

@@ -109,8 +109,6 @@ def child(spec: dict, fd: int, work: str) -> None:
                          (resource.RLIMIT_CORE, 0),
                          (resource.RLIMIT_NPROC, int(limits["processes"]))):
         resource.setrlimit(which, (value, value))
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
     os.closerange(3, fd)  # every file the zygote had open, but the line to the judge
     os.closerange(fd + 1, 1 << 16)
     for number in (signal.SIGXFSZ, signal.SIGXCPU, signal.SIGPIPE, signal.SIGTERM,
@@ -150,8 +148,6 @@ class Child:
                     self.call(header, blobs)
                 elif op == "backward":
                     self.backward(header, blobs)
-                elif op == "free":
-                    self.graphs.pop(header["id"], None)
                 else:
                     os._exit(0)
             except BaseException as error:  # noqa: B902 -- everything becomes a value
@@ -230,9 +226,8 @@ class Child:
 
     def backward(self, header: dict, blobs) -> None:
         inputs, outputs = self.graphs[header["id"]]
-        grads = protocol.decode_tensors(header["tensors"], blobs)
-        given = [grads[i] if i is not None else torch.zeros_like(o)
-                 for i, o in zip(header["grads"], outputs)]
+        grads = protocol.decode(header["grads"], protocol.decode_tensors(header["tensors"], blobs))
+        given = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads, outputs)]
         found = torch.autograd.grad(outputs, inputs, given, retain_graph=True, allow_unused=True)
         value, table, out_blobs, _ = protocol.encode([g for g in found])
         self.send(dict(op="grads", value=value, tensors=table), out_blobs)

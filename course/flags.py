@@ -99,9 +99,8 @@ def scan(source: str, extra_files=()) -> list:
             bad = [a.name for a in node.names if reaches(a.name)]  # from numpy import ctypeslib
             said = f"imports from {node.module or '.'}" if node.level or top not in IMPORTS \
                 else f"imports {', '.join(bad)} from {node.module}" if bad else None
-        elif isinstance(node, ast.Name) and node.id in NAMES and id(node) not in given:
-            said = f"uses {node.id}"
-        elif isinstance(node, ast.Name) and node.id in MODULES:
+        elif isinstance(node, ast.Name) and (node.id in MODULES
+                                             or node.id in NAMES and id(node) not in given):
             said = f"uses {node.id}"
         elif isinstance(node, ast.Call) and called(node) in BY_NAME:  # getattr(torch, "os")
             at = int(called(node).endswith("attr"))  # the name: attrgetter's first argument

@@ -34,7 +34,7 @@ from .written import printable, shown, walk
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
-TOKENCREDIT, TESTS = "tokencredit.py", "test_tokencredit.py"
+TESTS = "test_tokencredit.py"
 HIDDEN = os.path.join("tests", "test_hidden.py")  # the students' hidden set: a handout's
 OFFICIAL = os.path.join("tests", "test_official.py")  # the instructor's, in its place elsewhere
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
@@ -385,11 +385,9 @@ class Driver:
             worker["process"].kill()
             worker["process"].wait()
         else:
-            try:
+            with contextlib.suppress(OSError):  # gone already
                 signal.pidfd_send_signal(worker["pidfd"], signal.SIGKILL)
                 select.select([worker["pidfd"]], [], [], 10)
-            except OSError:  # gone already
-                pass
             os.close(worker.pop("pidfd"))
         worker["channel"].close()
 
@@ -405,11 +403,9 @@ class Driver:
                 if worker["job"] is None and todo[i]:
                     job = todo[i].pop(0)
                     worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
-                    try:
+                    with contextlib.suppress(OSError):  # a dead worker: its deadline says so
                         self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
-                    except OSError:
-                        pass
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:
@@ -479,7 +475,7 @@ def kind(test: str, snapshots: dict) -> str:
     return "other"
 
 
-def compute_map(reference: str, tests: dict, quiet=False) -> dict:
+def compute_map(reference: str, tests: dict) -> dict:
     started = time.monotonic()
     names, fn_names = list(EXERCISE_OF), list(functions(reference))
     driver = Driver(tests, 0, constants(reference), fn_names, ahead=True)
@@ -506,26 +502,24 @@ def compute_map(reference: str, tests: dict, quiet=False) -> dict:
     mapping = dict(tests=sorted(everything), fails=fails, snapshots=whole["snapshots"],
                    kinds={t: kind(t, whole["snapshots"]) for t in everything},
                    constants=constants(reference), functions=fn_names)
-    if not quiet:
-        print(f"course: computed the test map in {time.monotonic() - started:.1f} s "
-              f"({len(names) + 1} runs)", file=sys.stderr)
+    print(f"course: computed the test map in {time.monotonic() - started:.1f} s "
+          f"({len(names) + 1} runs)", file=sys.stderr)
     return mapping
 
 
-def test_map(reference: str, tests=None, quiet=False) -> dict:
+def test_map(reference: str, tests=None) -> dict:
     """The map, from the cache when nothing has changed and its hash checks; read once, before
     any submission runs, and kept in memory."""
     tests = tests or test_files()
     key = map_key(reference, tests)
     path = os.path.join(CACHE, f"map-{key[:16]}.json")
     if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
+        saved = json.loads(read(path))
         body = saved.get("map")
         if saved.get("key") == key and saved.get("sha") == sha(json.dumps(body, sort_keys=True)):
             return body
         print(f"course: {path} does not match its hash; computing the map again", file=sys.stderr)
-    mapping = compute_map(reference, tests, quiet)
+    mapping = compute_map(reference, tests)
     os.makedirs(CACHE, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=CACHE)
     with os.fdopen(fd, "w") as f:
@@ -565,19 +559,6 @@ def blocker(failure):
     return int(found.group(1)) if found else None
 
 
-def outcome(result: dict, test: str):
-    """None if the test passed, else what failed."""
-    if result.get("error"):
-        return result["error"]
-    if test in result["results"]:
-        return result["results"][test]
-    return f"not run: {result.get('stopped') or 'the test did not run'}"
-
-
-def limit_line(limit: str, limits: dict) -> str:
-    return LIMIT_NAMES.get(limit, limit).format(**limits)
-
-
 def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     """Exercise k's row. A function's share (its points in EXERCISES) is split by its tests; a
     function that fails its hand-worked case or a plain-loop comparison keeps at most a quarter
@@ -586,15 +567,16 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
                limit=None, error=result.get("error"), notes=[])
     if result.get("limit"):
         row["limit"] = result["limit"]
-        row["error"] = (f"0 points: {limit_line(result['limit'], limits)} was reached "
-                        f"({result.get('stopped')})")
-    total_points, passed_all, total_all = 0.0, 0, 0
-    functions = plan["functions"]
+        named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
+        row["error"] = f"0 points: {named} was reached ({result.get('stopped')})"
+    total_points, functions = 0.0, plan["functions"]
     uses = {}  # test: the functions of exercise k it needs
     for name, tests in functions.items():
         for t in tests:
             uses.setdefault(t, set()).add(name)
-    outcomes = {t: outcome(result, t) for t in uses}
+    not_run = f"not run: {result.get('stopped') or 'the test did not run'}"
+    outcomes = {t: result.get("error") or result["results"].get(t, not_run)  # None: passed
+                for t in uses}
     waiting = {t: blocker(f) for t, f in outcomes.items()
                if f and blocker(f) in plan["later"].get(t, ())}
     failed = {t: f for t, f in outcomes.items() if f and t not in waiting}
@@ -620,22 +602,16 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
             row["blank"].append(name)
         row["per_function"][name] = (len(counted) - len(bad), len(counted), round(got, 2), share)
         total_points += got
-    row["failed"], row["waiting"] = failed, waiting
-    total_all = len([t for t in uses if t not in waiting])
-    passed_all = total_all - len(failed)
+    row["failed"], row["waiting"], row["total"] = failed, waiting, len(uses) - len(waiting)
     row["points"] = 0.0 if row["limit"] else round(total_points, 2)
-    row["passed"], row["total"] = (0 if row["limit"] else passed_all), total_all
+    row["passed"] = 0 if row["limit"] else row["total"] - len(failed)
     return row
 
 
 def not_written(source: str, names) -> list:
     """The functions of `names` still as a handout gives them: checks, then raise
-    NotImplementedError."""
-    try:
-        defs = functions(source)
-    except (SyntaxError, ValueError):
-        return []
-    out = []
+    NotImplementedError. source compiles (Grader.grade checked it)."""
+    defs, out = functions(source), []
     for name in names:
         node = defs.get(name)
         if node is not None and kept_statements(node) == len(node.body) - 1 and \
@@ -680,22 +656,16 @@ def course_secret() -> str:
     return read(path).strip()
 
 
-def seed_of(secret: str, source: str) -> int:
-    """A submission's seed: fixed by the secret and the file, unknown without the secret."""
-    return int(sha(secret, source)[:15], 16) % 10 ** 9
-
-
 class Grader:
     """reference None: a handout's grade (the student's file runs whole, exercises in order);
     else the official grade (exercise k: the student's exercise k beside the reference's others,
     the reference's exercise k blank in the child's copy)."""
 
-    def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None,
-                 workers=None, secret=None):
+    def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None, secret=None):
         self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
         self.in_order, self.seed, self.secret = reference is None, seed, secret
         self.limits = dict(LIMITS, **(limits or {}))
-        self.tests, self.workers = tests or test_files(), workers
+        self.tests = tests or test_files()
         self.driver, self.found = None, ()  # found: the last driver's sandbox, () before one
         self.plan = scheme(mapping, self.exercises, self.in_order)
         self.shapes = {}
@@ -706,8 +676,8 @@ class Grader:
         submission's sandboxes start while the one before is graded."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
-                                 self.mapping["functions"], self.limits,
-                                 workers or self.workers, ahead, jobs or len(self.exercises))
+                                 self.mapping["functions"], self.limits, workers, ahead,
+                                 jobs or len(self.exercises))
             self.found = self.driver.sandbox
 
     def tests_of(self, k) -> list:
@@ -733,28 +703,14 @@ class Grader:
                 self.shapes[text] = out
             return [bare if bare and name in others else whole
                     for name, whole, bare in self.shapes[text]]
-        try:
-            return shape(source) == shape(self.reference)
-        except (SyntaxError, ValueError):
-            return False
+        return shape(source) == shape(self.reference)  # source compiles: grade checked it
 
     def seed_for(self, source: str) -> int:
-        """The seed given (--seed, a handout's 0), else the submission's own from the secret."""
-        return self.seed if self.seed is not None else seed_of(self.secret, source)
-
-    def jobs(self, source: str, exercises) -> list:
-        out = []
-        for k in exercises:  # the module is tokencredit.py on every route, whatever the file's name
-            job = dict(student=source, label=TOKENCREDIT, names=list(exercise_names(k)),
-                       tests=self.tests_of(k), limit=self.limits["time_s"],
-                       seed=self.seed_for(source))
-            if self.reference is None:
-                job.update(reference=None)
-            else:
-                job.update(reference=blank(self.reference, [k]),
-                           given=self.mapping["functions"])
-            out.append(job)
-        return out
+        """The seed given (--seed, a handout's 0), else the submission's own: fixed by the secret
+        and the file, unknown without the secret."""
+        if self.seed is not None:
+            return self.seed
+        return int(sha(self.secret, source)[:15], 16) % 10 ** 9
 
     def grade(self, source: str, label="tokencredit.py", only=None) -> list:
         """One row per exercise (of `only`, else of the set), each graded in the submission's own
@@ -767,22 +723,26 @@ class Grader:
                                                  f"{error}"), self.mapping["kinds"], self.limits)
                     for k in exercises]
         same = {k for k in exercises if self.same_as_reference(source, k)}
-        jobs = self.jobs(source, [k for k in exercises if k not in same])
+        seed = self.seed_for(source)
+        # the module is tokencredit.py on every route, whatever the file's name
+        jobs = [dict(student=source, label="tokencredit.py", names=list(exercise_names(k)),
+                     tests=self.tests_of(k), limit=self.limits["time_s"], seed=seed,
+                     reference=self.reference and blank(self.reference, [k]),
+                     given=self.mapping["functions"]) for k in exercises if k not in same]
         ran = []
         if jobs:
-            self.start(min(self.workers or 2, len(jobs)), False, len(jobs))  # one grade
+            self.start(min(2, len(jobs)), False, len(jobs))  # one grade, if not started
             try:
                 ran = self.driver.run(jobs)
             except BaseException:  # the grader's own failure: the next file gets fresh judges
                 self.close()
                 raise
-        results = [dict(results={t: None for t in self.tests_of(k)}, error=None) if k in same
-                   else ran.pop(0) for k in exercises]
-        for k, result in zip(exercises, results):
-            result["blank"] = not_written(source, exercise_names(k))
         rows = []
-        for k, result in zip(exercises, results):  # the reference passes every fresh test on
-            # every seed (test_score checks it): a file's points depend on that file alone
+        for k in exercises:  # the reference passes every fresh test on every seed (test_score
+            # checks it): a file's points depend on that file alone
+            result = dict(results=dict.fromkeys(self.tests_of(k)), error=None) if k in same \
+                else ran.pop(0)
+            result["blank"] = not_written(source, exercise_names(k))
             rows.append(score(self.plan[k], k, result, self.mapping["kinds"], self.limits))
             if k in same:  # the public repository holds it: full marks, and a word for you
                 rows[-1]["notes"].append(SAME_NOTE)

@@ -104,15 +104,11 @@ def all_answers() -> list:
     return found + [f"\nFrom docs/lab.md:\n{block}" for block in lab] + [written.answers_block()]
 
 
-def handout_map(reference: str) -> dict:
-    """The map a handout carries: the students' tests (tests/test_hidden.py, not the official
-    set), so its snapshots are the loops' outputs on the inputs their copy draws."""
-    return test_map(reference, test_files(official=False))
-
-
 def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dict:
-    """The handout of set_name in out; returns the map it carries."""
-    exercises, mapping = SETS[set_name], handout_map(reference)
+    """The handout of set_name in out; returns the map it carries: the students' tests'
+    (tests/test_hidden.py, not the official set), so its snapshots are the loops' outputs on the
+    inputs their copy draws."""
+    exercises, mapping = SETS[set_name], test_map(reference, test_files(official=False))
     for name in HANDOUT:
         src, target = os.path.join(ROOT, name), os.path.join(out, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -1,17 +1,16 @@
-"""The judge's side: a pytest session that never imports or runs a student's code.
+"""The judge's side: a pytest session that never imports or runs a student's code (docs/course.md,
+"The student's code computes; the grader judges").
 
-The tests import `tokencredit`; here that name is a proxy. Its constants come from the
-instructor's file (read as literals, not run), and each call of one of its functions goes to the
-student's process (course/child.py), which answers with values. A value that carries a gradient
-comes back as the output of an autograd Function whose backward asks the child for the gradient
-of the graph it kept. A callable the test passes (fill_batch's sample_groups) stays here and the
-child calls it back. An exception comes back as its type's name and message: a type of
-ALLOWED is raised as itself, any other as StudentError. The comparisons, the verdicts and the
-score are made here.
+The tests' `tokencredit` is a proxy: its constants are the instructor's file's literals (not run),
+and each call goes to the student's process (course/child.py), which answers with values: a
+gradient through Remote, a callable the test passes (fill_batch's sample_groups) called back
+here, an exception as its type's name and message (a type of ALLOWED raised as itself, any other
+as StudentError).
 
     python -m course.judge FD...   workers, one a line FD: jobs come from course/grading.py's driver
 """
 
+import contextlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import weakref
 import torch
 
 from . import child, protocol
+from .source import snapshot_value
 
 ALLOWED = {e.__name__: e for e in (
     ValueError, TypeError, NotImplementedError, IndexError, KeyError, RuntimeError,
@@ -62,12 +62,9 @@ class Session:
 
     def receive(self) -> tuple:
         """The child's next message, whole by the deadline (not only each read by it)."""
-        deadline = min(self.deadline, self.test_deadline)
-        if deadline <= time.monotonic():
-            self.stop("time" if time.monotonic() >= self.deadline else "test time",
-                      "it ran past the time limit")
-        try:
-            header, blobs = protocol.receive(self.sock, REPLY_LIMIT, deadline)
+        try:  # a deadline already past times out before any read
+            header, blobs = protocol.receive(self.sock, REPLY_LIMIT,
+                                             min(self.deadline, self.test_deadline))
         except socket.timeout:
             which = "time" if time.monotonic() >= self.deadline else "test time"
             self.stop(which, "it ran past the time limit")
@@ -80,9 +77,13 @@ class Session:
         if header.get("op") == "limit":
             self.stop("memory" if header.get("which") == "memory" else "malformed",
                       "it reached the limit")  # the only limit a child reports itself
+        if header.get("op") == "raise":  # the student's exception, as a value
+            raise self.exception(header)
         return header, blobs
 
     def send(self, header, blobs=()) -> None:
+        if self.dead:  # every later call of the same exercise
+            raise GraderLimit(f"the student's process stopped: {self.dead}")
         try:
             protocol.send(self.sock, header, blobs)
         except OSError:
@@ -97,26 +98,19 @@ class Session:
 
     def kill(self) -> None:
         self.zygote.kill(self.pid)
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     def load(self, job: dict) -> None:
         self.send(dict(op="load", student=job["student"], label=job["label"],
                        reference=job.get("reference"), names=job["names"],
                        given=job.get("given", []), trace=job.get("trace")))
-        header, _ = self.receive()
-        if header.get("op") == "raise":
-            raise self.exception(header)
-        if header.get("op") != "loaded":
+        if self.receive()[0].get("op") != "loaded":
             self.stop("malformed", "it answered malformed data")
 
     # -- calls
 
     def call(self, name: str, args, kwargs):
-        if self.dead:
-            raise GraderLimit(f"the student's process stopped: {self.dead}")
         self.calls += 1
         call_id, callables = self.calls, []
         self.called.add(name)
@@ -129,8 +123,6 @@ class Session:
             if op == "callback":
                 self.answer_callback(header, blobs, callables)
                 continue
-            if op == "raise":
-                raise self.exception(header)
             if op != "return":
                 self.stop("malformed", f"it answered {str(op)[:30]!r} to a call")
             try:
@@ -154,7 +146,7 @@ class Session:
         ins = [t for t in sent if t.requires_grad]
         plain = [t.detach() for t in tensors]
         if outs and ins:
-            linked = Remote.apply(Link(self, call_id, [plain[i] for i in outs]), *ins)
+            linked = Remote.apply((self, call_id, [plain[i] for i in outs]), *ins)
             linked = linked if isinstance(linked, tuple) else (linked,)
             for i, t in zip(outs, linked):
                 plain[i] = t
@@ -180,18 +172,9 @@ class Session:
             self.send(dict(op="callback_raise", type=type(error).__name__, message=str(error)))
 
     def backward(self, call_id, grad_outputs, n_inputs):
-        if self.dead:
-            raise GraderLimit(f"the student's process stopped: {self.dead}")
-        given = [g for g in grad_outputs if g is not None]
-        index, k = [], 0
-        for g in grad_outputs:
-            index.append(k if g is not None else None)
-            k += g is not None
-        value, table, blobs, _ = protocol.encode(given)
-        self.send(dict(op="backward", id=call_id, grads=index, tensors=table), blobs)
+        value, table, blobs, _ = protocol.encode(list(grad_outputs))  # None: no gradient
+        self.send(dict(op="backward", id=call_id, grads=value, tensors=table), blobs)
         header, blobs = self.receive()
-        if header.get("op") == "raise":
-            raise self.exception(header)
         try:
             grads = protocol.decode(header["value"], protocol.decode_tensors(header["tensors"],
                                                                              blobs))
@@ -213,26 +196,19 @@ class Session:
         return error
 
 
-class Link:
-    """What Remote needs to find its call in the child again."""
-
-    def __init__(self, session, call_id, outputs):
-        self.session, self.call_id, self.outputs = session, call_id, outputs
-
-
 class Remote(torch.autograd.Function):
     """The child's outputs as a function of the inputs that require grad: backward sends
     grad_output to the child, which differentiates the graph it kept for this call."""
 
     @staticmethod
-    def forward(ctx, link, *inputs):
-        ctx.link, ctx.n = link, len(inputs)
-        return tuple(o.clone() for o in link.outputs)
+    def forward(ctx, call, *inputs):  # call: (the session, the call's id, the child's outputs)
+        ctx.call, ctx.n = call[:2], len(inputs)
+        return tuple(o.clone() for o in call[2])
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        grads = ctx.link.session.backward(ctx.link.call_id, grad_outputs, ctx.n)
-        return (None, *grads)
+        session, call_id = ctx.call
+        return (None, *session.backward(call_id, grad_outputs, ctx.n))
 
 
 class Function:
@@ -309,10 +285,8 @@ class Zygote:
 
     def kill(self, pid: int) -> None:
         """Child `pid` (a pid in the zygote's sandbox) and its process group, by its zygote."""
-        try:
+        with contextlib.suppress(OSError):
             self.control.sendall(json.dumps(dict(kill=pid)).encode())
-        except OSError:
-            pass
 
     def why(self, pid: int) -> tuple:
         """(limit, why) for a child that closed its line: from its exit status."""
@@ -370,8 +344,6 @@ class Worker:
     def patch_comparisons(self) -> None:
         """torch.allclose and torch.equal here note where they first differ, and an empty tensor
         is close to no tensor that is not."""
-        worker = self
-
         def noted(original):
             def compare(a, b, *args, **kwargs):
                 result = original(a, b, *args, **kwargs)
@@ -379,14 +351,14 @@ class Worker:
                 if both and (a.numel() == 0) != (b.numel() == 0):  # broadcast to nothing: an
                     result = False  # empty answer would be "close" to every expected value
                 if not result and both:
-                    session = worker.session
+                    session = self.session
                     def came(x):
                         ref = session.returned.get(id(x)) if session else None
                         return ref is not None and ref() is x
                     got_first = session is None or came(a) or not came(b)
                     note = first_difference(a, b, got_first)
                     if note:
-                        worker.diff.append(f"{original.__name__}: {note}")
+                        self.diff.append(f"{original.__name__}: {note}")
                 return result
             compare.__name__ = original.__name__
             return compare
@@ -445,7 +417,6 @@ class Worker:
         os.environ["TOKENCREDIT_SEED"] = str(job.get("seed", self.config["seed"]))  # this fork's
         results, error = {}, None
         limits = self.config["limits"]
-        test_limit = float(job.get("test_limit", limits["test_s"]))
         session = None
         self.called = {}
         try:
@@ -459,7 +430,8 @@ class Worker:
                             for w in getattr(raised, "student_where", []))
             error = f"{type(raised).__name__}: {raised}{where}"
         if error is None:
-            record = job.get("record")
+            if job.get("record"):
+                self.record()
             for name in job["tests"]:
                 item = self.items.get(name)
                 if item is None:
@@ -468,22 +440,15 @@ class Worker:
                 if session.dead:
                     results[name] = f"not run: the student's process stopped: {session.dead}"
                     continue
-                if record:
-                    self.record(item)
                 self.current, self.diff, session.where, session.called = name, [], [], set()
                 session.sees_writes = name.startswith(SEES_WRITES)
-                for module in [m for n, m in sys.modules.items() if n.startswith("test_")]:
-                    counts = getattr(getattr(module, "_snapshot", None), "counts", None)
-                    if isinstance(counts, dict):
-                        counts.clear()
-                session.test_deadline = time.monotonic() + test_limit
+                session.test_deadline = time.monotonic() + float(limits["test_s"])
                 reports = runner.runtestprotocol(item, nextitem=None, log=False)
                 failed = [r for r in reports if r.failed]
                 results[name] = self.failure(failed[0], session) if failed else None
                 self.called[name] = sorted(session.called)
         if session is not None:
             session.kill()
-        self.module._session = self.session = None
         return dict(id=job["id"], results=results, error=error,
                     limit=session.limit if session else None,
                     stopped=session.dead if session else None,
@@ -519,17 +484,14 @@ class Worker:
                        if w[0] != "reference.py" else f"called from the reference's {w[2]}")
         return "\n".join(out)[:FAILURE_LIMIT]
 
-    def record(self, item) -> None:
-        """Wrap the test module's ref_* loops to record what each returns (a handout's
-        snapshots)."""
+    def record(self) -> None:
+        """Wrap the test modules' ref_* loops to record what each returns (a handout's
+        snapshots): once a job, in the job's own fork of the judge."""
         for module in [m for n, m in list(sys.modules.items()) if n.startswith("test_")]:
             for name in [n for n in vars(module) if n.startswith("ref_")]:
-                if not getattr(getattr(module, name), "_recorded", False):
-                    setattr(module, name, self.recorder(name, getattr(module, name)))
+                setattr(module, name, self.recorder(name, getattr(module, name)))
 
     def recorder(self, name, loop):
-        from .source import snapshot_value
-
         def recorded(*args, **kwargs):
             out = loop(*args, **kwargs)
             count = self.counts.get((self.current, name), 0)
@@ -546,7 +508,6 @@ class Worker:
             self.snapshots[f"{self.current}::{name}::{count}"] = dict(
                 value=snapshot_value(out), grads=grads)
             return out
-        recorded._recorded = True
         return recorded
 
 

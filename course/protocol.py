@@ -71,41 +71,14 @@ def receive(sock: socket.socket, limit: int, deadline=None) -> tuple:
     return header, [_exactly(sock, s, deadline) for s in sizes]
 
 
-class Encoder:
-    """Turns a value into JSON plus tensor blobs; the same tensor object is sent once."""
+def encode(value, callables=None) -> tuple:
+    """(json value, tensor table, blobs, the tensors in table order): the same tensor object is
+    sent once; callables None: a callable cannot be sent."""
+    table, blobs, seen, sent = [], [], {}, []  # sent: so that each id() stays unique meanwhile
 
-    def __init__(self, callables=None):
-        self.tensors, self.blobs, self.seen = [], [], {}
-        self.callables = callables  # None: a callable cannot be sent
-        self.keep = []  # the tensors sent, so that their id() stays unique while this lives
-
-    def __call__(self, x):
-        if x is None or isinstance(x, (bool, str)):
-            return x
-        if isinstance(x, int):
-            return x if abs(x) < 2 ** 53 else dict(t="bigint", v=str(x))
-        if isinstance(x, float):
-            return x if math.isfinite(x) else dict(t="float", v=repr(x))
-        if isinstance(x, torch.Tensor):
-            return dict(t="tensor", i=self.tensor(x))
-        if isinstance(x, torch.dtype):
-            return dict(t="dtype", v=str(x)[6:])
-        if isinstance(x, torch.device):
-            return dict(t="device", v=str(x))
-        if isinstance(x, (tuple, list, torch.Size)):
-            return dict(t="list" if isinstance(x, list) else "tuple", v=[self(v) for v in x])
-        if isinstance(x, dict):
-            return dict(t="dict", v=[[self(k), self(v)] for k, v in x.items()])
-        if hasattr(x, "item") and hasattr(x, "dtype"):  # a numpy number
-            return self(x.item())
-        if callable(x) and self.callables is not None:
-            self.callables.append(x)
-            return dict(t="callback", i=len(self.callables) - 1)
-        raise TypeError(f"the grader cannot send a {type(x).__name__}")
-
-    def tensor(self, x: torch.Tensor) -> int:
-        if id(x) in self.seen:
-            return self.seen[id(x)]
+    def tensor(x: torch.Tensor) -> int:
+        if id(x) in seen:
+            return seen[id(x)]
         if x.device.type not in ("cpu", "meta") or x.layout != torch.strided \
                 or str(x.dtype)[6:] not in DTYPES:
             raise TypeError(f"the grader sends CPU dense tensors only, got {x.dtype} on {x.device}")
@@ -114,19 +87,38 @@ class Encoder:
             entry["meta"] = True
         else:
             flat = x.detach().reshape(-1).contiguous()
-            self.blobs.append(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-            entry["blob"] = len(self.blobs) - 1
-        self.tensors.append(entry)
-        self.seen[id(x)] = len(self.tensors) - 1
-        self.keep.append(x)
-        return len(self.tensors) - 1
+            blobs.append(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+            entry["blob"] = len(blobs) - 1
+        table.append(entry)
+        seen[id(x)] = len(table) - 1
+        sent.append(x)
+        return len(table) - 1
 
+    def convert(x):
+        if x is None or isinstance(x, (bool, str)):
+            return x
+        if isinstance(x, int):
+            return x if abs(x) < 2 ** 53 else dict(t="bigint", v=str(x))
+        if isinstance(x, float):
+            return x if math.isfinite(x) else dict(t="float", v=repr(x))
+        if isinstance(x, torch.Tensor):
+            return dict(t="tensor", i=tensor(x))
+        if isinstance(x, torch.dtype):
+            return dict(t="dtype", v=str(x)[6:])
+        if isinstance(x, torch.device):
+            return dict(t="device", v=str(x))
+        if isinstance(x, (tuple, list, torch.Size)):
+            return dict(t="list" if isinstance(x, list) else "tuple", v=[convert(v) for v in x])
+        if isinstance(x, dict):
+            return dict(t="dict", v=[[convert(k), convert(v)] for k, v in x.items()])
+        if hasattr(x, "item") and hasattr(x, "dtype"):  # a numpy number
+            return convert(x.item())
+        if callable(x) and callables is not None:
+            callables.append(x)
+            return dict(t="callback", i=len(callables) - 1)
+        raise TypeError(f"the grader cannot send a {type(x).__name__}")
 
-def encode(value, callables=None) -> tuple:
-    """(json value, tensor table, blobs, the tensors in table order)."""
-    encoder = Encoder(callables)
-    out = encoder(value)
-    return out, encoder.tensors, encoder.blobs, encoder.keep
+    return convert(value), table, blobs, sent
 
 
 def decode_tensors(table, blobs) -> list:

@@ -2,6 +2,7 @@
 tests with the loops replaced by their recorded outputs, and the reference's constants."""
 
 import ast
+import contextlib
 
 from .exercises import EXERCISE_OF, names as exercise_names
 
@@ -16,10 +17,8 @@ def constants(source: str) -> dict:
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
                 isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper():
-            try:
+            with contextlib.suppress(ValueError):  # not a literal
                 out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
     return out
 
 

@@ -1,11 +1,9 @@
 """The written part: the sheet's pencil and lab questions as one plain-text answer form per set
 (written.txt), handed in beside tokencredit.py, and its grade.
 
-QUESTIONS is the instructor's table, one row per answer, in the form's order: a number is graded
-here, right when |answer - expected| <= max(abs, rel * |expected|); a text is a rubric, graded by
-hand (docs/course.md, "The written form"). The form is data: read as text (at most 64 KB) before
-the student's code runs, never imported or run. A handout carries this file without QUESTIONS; a
-Gradescope bundle carries it whole, readable by root alone.
+QUESTIONS is the instructor's table (docs/course.md, "The written form"). The form is data: read
+as text (at most 64 KB) before the student's code runs, never imported or run. A handout carries
+this file without QUESTIONS; a Gradescope bundle carries it whole, readable by root alone.
 """
 
 import os

@@ -363,11 +363,11 @@ def crashed(tmp_path_factory):
 
 
 def test_no_submission_stops_the_class(crashed):
-    """RecursionError from the parser (flags.scan, Grader.grade's compile, not_written,
-    same_as_reference catch SyntaxError and ValueError only) or from the grader's own recursion
-    over a tree that compiles (flags.text_of, ast.dump), a KeyError from limit_line's
-    str.format, and a name whose percent-quoted folder is over 255 bytes (ENAMETOOLONG, after
-    every grade: only g.csv.tmp is left) each stopped grade-all: no CSV for anyone."""
+    """RecursionError from the parser (flags.scan and Grader.grade's compile catch SyntaxError
+    and ValueError only) or from the grader's own recursion over a tree that compiles
+    (flags.text_of, ast.dump), a KeyError from score's LIMIT_NAMES str.format, and a name whose
+    percent-quoted folder is over 255 bytes (ENAMETOOLONG, after every grade: only g.csv.tmp is
+    left) each stopped grade-all: no CSV for anyone."""
     done, csv_path = crashed
     assert done.returncode == 0, done.stderr[-2000:]
     rows = rows_of(csv_path)

@@ -475,7 +475,7 @@ def test_each_handout_of_a_set_scans_clean_and_grades_in_order():
     """selfcheck's handout part on the grpo set: nothing in it solves an exercise, and written in
     order (none, 1, 1 and 3, all three) it gets full marks for those and 0 for the rest."""
     from course.selfcheck import check_handouts
-    assert check_handouts(REFERENCE, {}, {"grpo": SETS["grpo"]}) == []
+    assert check_handouts(REFERENCE, {"grpo": SETS["grpo"]}) == []
 
 
 # -----------------------------------------------------------------------------
