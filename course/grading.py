@@ -180,11 +180,8 @@ def memory_cgroup():
     """{"folder", "version"}: where this process may make memory cgroups of its own (cgroup v1's
     memory hierarchy, or v2's where memory is on for its children), else None: as an ordinary
     user, or where /sys/fs/cgroup is read-only."""
-    try:
-        lines = [line.split(":", 2) for line in read("/proc/self/cgroup").splitlines()]
-    except OSError:
-        return None
-    for _, controllers, path in lines:
+    for line in read("/proc/self/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
         version = 1 if "memory" in controllers.split(",") else 2 if not controllers and (
             os.path.exists("/sys/fs/cgroup/cgroup.controllers")) else None
         if version is None:
@@ -211,9 +208,10 @@ def cgroup_file(cgroup: dict, folder: str, which: str) -> str:
 
 
 def cap(cgroup: dict, folder: str, limit: int) -> None:
-    """The memory cgroup `folder` (made under cgroup["folder"]) may hold limit bytes, no swap."""
+    """The memory cgroup `folder` may hold limit bytes, and no swap (v1's second limit counts
+    memory and swap together)."""
     write_to(cgroup_file(cgroup, folder, "limit"), limit)
-    if os.path.exists(cgroup_file(cgroup, folder, "swap")):  # v1's counts memory and swap
+    if os.path.exists(cgroup_file(cgroup, folder, "swap")):
         write_to(cgroup_file(cgroup, folder, "swap"), limit if cgroup["version"] == 1 else 0)
 
 
