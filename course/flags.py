@@ -138,8 +138,8 @@ def scan(source: str, extra_files=()) -> list:
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and all(
                 isinstance(x, ast.Constant) and type(x.value) is int
                 for x in (node.left, node.right)):
-            if 0 <= node.right.value < 200 and abs(node.left.value) ** node.right.value \
-                    >= BIG_NUMBER:
+            if 0 <= node.right.value < 200 and min(abs(node.left.value), BIG_NUMBER) ** \
+                    node.right.value >= BIG_NUMBER:  # a 4,000-digit base is not raised
                 said = f"uses the number {node.left.value} ** {node.right.value} " \
                        f"(a memory bomb's size?)"
         if said:
