@@ -578,18 +578,14 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     waiting = {t: blocker(f) for t, f in outcomes.items()
                if f and blocker(f) in plan["later"].get(t, ())}
     failed = {t: f for t, f in outcomes.items() if f and t not in waiting}
-    # a failing test that needs several functions of k is charged to those of them that also
-    # fail a test of their own (one that needs no other function of k); to all if none does
-    wrong = {name for name, tests in functions.items()
-             if any(t in failed and uses[t] == {name} for t in tests)}
-    for t in failed:  # else to the functions the test is named after, if any
-        if len(uses[t]) > 1 and not uses[t] & wrong:
-            named = {name for name in uses[t] if name in t}
-            uses[t] = named or uses[t]
+    # a failing test that needs several functions of k is charged to those it is named after,
+    # if any, else to all: never by what else failed, so a second mistake never lowers the
+    # charge of the first
+    for t in failed:
+        uses[t] = {name for name in uses[t] if name in t} or uses[t]
     for name, tests in functions.items():
         share = EXERCISES[k][1][name]
-        counted = [t for t in tests if t not in waiting and (t not in failed or name in uses[t]
-                   and (len(uses[t]) == 1 or name in wrong or not uses[t] & wrong))]
+        counted = [t for t in tests if t not in waiting and (t not in failed or name in uses[t])]
         bad = [t for t in counted if t in failed]
         got = share * (len(counted) - len(bad)) / len(counted) if counted else 0.0
         if any(kinds.get(t) in ("hand", "loop") for t in bad):
