@@ -181,8 +181,11 @@ def read_form(path: str) -> tuple:
             return None, f"{FORM} is not a plain file: 0 written points"
         if info.st_size > MAX_BYTES:
             return None, f"{FORM} holds {info.st_size} bytes, over {MAX_BYTES}: not read"
-        with open(path, encoding="utf-8-sig", errors="replace") as f:  # a BOM (Notepad) dropped
-            return f.read(MAX_BYTES), None
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES)
+        # as Notepad saves it: UTF-8, with a BOM or not, or UTF-16 ("Unicode"), whose BOM it has
+        utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))
+        return data.decode("utf-16" if utf16 else "utf-8-sig", errors="replace"), None
     except FileNotFoundError:
         return None, NO_FORM
     except OSError as error:

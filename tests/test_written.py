@@ -199,7 +199,7 @@ def test_missing_garbled_and_odd_forms_give_0_and_a_line_never_a_crash(tmp_path)
         rows, problems = written.grade((text, why), GRPO)
         assert numbers({r["id"]: r for r in rows}) == 0 and problems == [why]
     (tmp_path / "bytes").mkdir()
-    (tmp_path / "bytes" / written.FORM).write_bytes(b"\xff\xfe\x00garbage\n1.std:\x000.866\n"
+    (tmp_path / "bytes" / written.FORM).write_bytes(b"\xff\xff\x00garbage\n1.std:\x000.866\n"
                                                     b"1.none: 0.5\n")
     rows, problems = written.grade(written.form_of(str(tmp_path / "bytes")), GRPO)
     rows = {r["id"]: r for r in rows}
