@@ -16,6 +16,7 @@ import ctypes
 import json
 import linecache
 import os
+import random
 import resource
 import select
 import signal
@@ -120,6 +121,8 @@ def child(spec: dict, fd: int, work: str) -> None:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
+    random.seed(0)  # with the zygote's PYTHONHASHSEED, code that draws (or iterates a set of
+    torch.manual_seed(0)  # strings) draws the same on every grade of the file
     sys.argv = ["tokencredit"]
     sys.path[:] = [p for p in sys.path if "site-packages" in p or "dist-packages" in p
                    or p.startswith(sys.base_prefix)]

@@ -258,7 +258,7 @@ class Driver:
         box = [] if self.sandbox is None else sandbox_argv(self.code, self.limits["disk_mb"], uid)
         code, work = ("/course", "/tmp") if box else (self.code, self.code)
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   LANG="C.UTF-8", HOME=work)  # all it gets
+                   LANG="C.UTF-8", HOME=work, PYTHONHASHSEED="0")  # all it gets (no -E)
         self.started += 1
         cgroup = None
         if box and self.sandbox["cgroup"]:  # bwrap starts in it: all the sandbox's processes are
@@ -266,7 +266,7 @@ class Driver:
                                   f"course-{os.getpid()}-{self.started}")
             os.mkdir(cgroup)
         process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
-            box + [sys.executable, "-E", "-s", os.path.join(code, "child.py"),
+            box + [sys.executable, "-s", os.path.join(code, "child.py"),
                    str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, preexec_fn=cgroup and (lambda: write_to(
