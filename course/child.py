@@ -41,15 +41,14 @@ def zygote(fd: int, work: str) -> None:
     imports the rest itself, from the sandbox's read-only views of the Python."""
     control = socket.socket(fileno=fd)
     torch.set_num_threads(1)
+    # out of memory, the kernel kills a sandbox's processes first, not the grader's (before the
+    # prctl below: a process not dumpable may not write its own /proc files)
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
     # In a sandbox this is its pid 1 (bwrap's --as-pid-1): all in it die with it, and it dies
     # with bwrap. Not dumpable, so no process of the student's (same uid) may ptrace it to undo
     # that; its children inherit it.
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    try:  # out of memory, the kernel kills a sandbox's processes first, not the grader's
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
     os.write(1, b"ready\n")  # the driver caps the sandbox's memory from here (course/grading.py)
     children = set()
     while True:

@@ -236,8 +236,8 @@ class Driver:
         os.makedirs(self.code, mode=0o755)
         for name in ("child.py", "protocol.py"):
             shutil.copy(os.path.join(HERE, name), self.code)
-        # warm sandboxes no job has used, one for each job of a submission; ahead (a class):
-        # each one taken is replaced at once, so the next submission's warm up in the meantime
+        # warm sandboxes no job has used (about 150 MB each); ahead (a class): each one taken is
+        # replaced at once, so the next submission's warm up in the meantime
         self.ahead, self.started, self.ids = ahead, 0, 0
         self.boxes = [self.start_box() for _ in range(boxes)]
         tests_dir = os.path.join(self.private, "tests")  # no sandbox sees it
@@ -263,7 +263,7 @@ class Driver:
         cgroup = None
         if box and self.sandbox["cgroup"]:  # bwrap starts in it: all the sandbox's processes are
             cgroup = os.path.join(self.sandbox["cgroup"]["folder"],
-                                  f"course-{os.getpid()}-{self.started}")
+                                  f"course-{os.getpid()}-{time.time_ns()}")
             os.mkdir(cgroup)
         process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
             box + [sys.executable, "-s", os.path.join(code, "child.py"),
@@ -281,22 +281,29 @@ class Driver:
         ready, _, _ = select.select([box["process"].stdout], [], [], 300)
         said = os.read(box["process"].stdout.fileno(), 6) if ready else b""
         box["process"].stdout.close()
-        if box["cgroup"] and said == b"ready\n":
-            usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
-            cap(self.sandbox["cgroup"], box["cgroup"], usage + (self.limits["memory_mb"] << 20))
-            box["ooms"] = self.ooms(box)
+        try:  # a failure here is the grader's, before any student's code: never a student's 0
+            if said != b"ready\n":
+                raise OSError("its Python did not start")
+            if box["cgroup"]:
+                usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
+                cap(self.sandbox["cgroup"], box["cgroup"],
+                    usage + (self.limits["memory_mb"] << 20))
+                box["ooms"] = self.ooms(box)
+        except OSError as error:
+            raise RuntimeError(f"course: a sandbox failed: {error}") from error
 
     def ooms(self, box) -> int:
         """How many of the sandbox's processes its cgroup's limit has killed."""
         events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
         return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
 
-    def give_box(self, worker) -> None:
-        """A sandbox for the worker's job: a warm one no job has used."""
+    def give_box(self, worker, waiting: int) -> None:
+        """A sandbox for the worker's job: a warm one no job has used; then another starts, if
+        `waiting` jobs still need one or (ahead) for the next submission."""
         while self.boxes and self.boxes[0]["process"].poll() is not None:
             self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
         worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
-        if self.ahead:
+        if self.ahead or len(self.boxes) < waiting:
             self.boxes.append(self.start_box())
         self.warm(worker["box"])
         socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
@@ -400,10 +407,11 @@ class Driver:
             for i, worker in enumerate(self.pool):
                 if worker["job"] is None and todo[i]:
                     job = todo[i].pop(0)
-                    worker["job"], worker["deadline"] = job, time.monotonic() + job["limit"] + 60
+                    worker["job"] = job
                     with contextlib.suppress(OSError):  # a dead worker: its deadline says so
-                        self.give_box(worker)
+                        self.give_box(worker, sum(map(len, todo)))
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
+                    worker["deadline"] = time.monotonic() + job["limit"] + 60
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:
@@ -560,7 +568,8 @@ def blocker(failure):
 def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     """Exercise k's row. A function's share (its points in EXERCISES) is split by its tests; a
     function that fails its hand-worked case or a plain-loop comparison keeps at most a quarter
-    of its share, and one that fails a check on fresh inputs keeps nothing."""
+    of its share, and one that fails a check on fresh inputs keeps nothing. A failing test that
+    needs several functions of k counts against those whose names are in its name, else all."""
     row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={}, blank=[],
                limit=None, error=result.get("error"), notes=[])
     if result.get("limit"):
@@ -578,10 +587,7 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     waiting = {t: blocker(f) for t, f in outcomes.items()
                if f and blocker(f) in plan["later"].get(t, ())}
     failed = {t: f for t, f in outcomes.items() if f and t not in waiting}
-    # a failing test that needs several functions of k is charged to those it is named after,
-    # if any, else to all: never by what else failed, so a second mistake never lowers the
-    # charge of the first
-    for t in failed:
+    for t in failed:  # never by what else failed: a second mistake never lowers the first's
         uses[t] = {name for name in uses[t] if name in t} or uses[t]
     for name, tests in functions.items():
         share = EXERCISES[k][1][name]
@@ -666,12 +672,12 @@ class Grader:
 
     def start(self, workers=None, ahead=True, jobs=None) -> None:
         """The judges, with their copy of the tests, before any submission is read, and a
-        sandbox for each job (each exercise, unless said); ahead (a class): each next
-        submission's sandboxes start while the one before is graded."""
+        sandbox for each job (each exercise, unless said), 4 at most at once, each a Python
+        with torch; ahead (a class): each next submission's start while one is graded."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits, workers, ahead,
-                                 jobs or len(self.exercises))
+                                 min(jobs or len(self.exercises), 4))
             self.found = self.driver.sandbox
 
     def tests_of(self, k) -> list:

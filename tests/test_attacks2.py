@@ -353,3 +353,25 @@ def test_the_flag_scan_does_bounded_work_on_a_file():
     started = time.monotonic()
     scan(source)
     assert time.monotonic() - started < 2
+
+
+OOM_ADJ = '''
+def overlong_penalty(*args, **kwargs):
+    raise ValueError("oom_score_adj=" + open("/proc/self/oom_score_adj").read().strip() + ";")
+'''
+
+
+def test_out_of_memory_the_kernel_kills_a_student_s_process_first(tmp_path):
+    """The zygote made itself not dumpable, then wrote its oom_score_adj: a process not dumpable
+    may not write its own /proc files, so the write failed, silently, and a student's process
+    had 0, like the grader's."""
+    said = grade(tmp_path, BASE + OOM_ADJ, "-e", "1")
+    assert "oom_score_adj=1000;" in said, said
+
+
+def test_code_kept_in_a_string_statement_is_not_flagged():
+    """Strings are scanned as code when they parse (an annotation typing would run), but a string
+    that is a statement, as a docstring is, runs nothing: old code kept in one is no flag."""
+    from course.flags import scan
+    kept = '\n"""\nimport matplotlib.pyplot as plt\nprint(locals())\n"""\n'
+    assert scan(CORRECT + kept) == []
