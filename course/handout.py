@@ -2,6 +2,7 @@
 outputs, and no answer; and the scan that checks a handout holds no solution, loop or answer."""
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -199,10 +200,8 @@ def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
     for root, _, names in os.walk(out):
         for name in names:
             path = os.path.join(root, name)
-            try:
+            with contextlib.suppress(UnicodeDecodeError):  # a picture
                 texts[os.path.relpath(path, out)] = read(path)
-            except UnicodeDecodeError:
-                continue  # a picture
     ids = {q["id"] for q in written.questions(exercises)}
     given, _ = written.parse(texts.get(written.FORM, ""), ids)
     if set(given) != ids or any(answer for lines in given.values() for _, answer in lines):
