@@ -1,9 +1,7 @@
 """The written part: the sheet's pencil and lab questions as one plain-text answer form per set
-(written.txt), handed in beside tokencredit.py, and its grade.
-
-QUESTIONS is the instructor's table (docs/course.md, "The written form"). The form is data: read
-as text (at most 64 KB) before the student's code runs, never imported or run. A handout carries
-this file without QUESTIONS; a Gradescope bundle carries it whole, readable by root alone.
+(written.txt), handed in beside tokencredit.py, and its grade (docs/course.md, "The written form",
+says how a form is read and graded). QUESTIONS is the instructor's table: a handout carries this
+file without it; a Gradescope bundle carries it whole, readable by root alone.
 """
 
 import os
