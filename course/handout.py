@@ -30,22 +30,14 @@ LAB_ANSWERS = (  # docs/lab.md's sections that answer a lab question: in the ans
     ("## Where does CSCR move credit?", 3),
 )
 DOC_EDITS = (  # a handout's pages stand on their own: what they say of the files it leaves out
-    ("in the order the README tells it:", "in this order:"),
     ("([onestep.md](onestep.md), `onestep.png`)",
      "(`python -m lab report results/readme.json` prints the one-step table)"),
     (" The lab's design is in\n[lab.md](lab.md), the one-step measurement in "
      "[onestep.md](onestep.md).",
      " The lab's design is in\n[lab.md](lab.md)."),
     ("README's results come from", "results tables come from"),
-    ("(see the README)", "(`python train_tiny.py --help` lists them)"),
-    ("The results tables are in the README.",
-     "The results tables: `python -m lab report results/readme.json`."),
     ("the README's table)", "`python -m lab report results/readme.json`)"),
-    ("The token weights of the README's section 4 are",
-     "The token weights of `loss_denominators` (exercise 5 of the sheet) are"),
-    ("from the README's\nrun", "from the lab's\nrun"),
     ("another machine than the README's\ntables", "another machine than the results\ntables"),
-    (' (docs/speed.md, "On a GPU")', " (pytorch.org lists them)"),
 )
 HANDOUT_README = """# tokencredit: course handout ({set_name}: exercises {exercises})
 
