@@ -219,8 +219,6 @@ def cmd_list(args) -> None:
 def cmd_plants(args) -> None:
     """selfcheck's plants as a class to grade, each the reference with one edit."""
     from .exercises import CORRECT, ENDLESS, MISTAKES
-    if not MISTAKES:  # a handout's or a bundle's copy
-        raise SystemExit("course: this copy holds no planted mistakes; run this in the repository")
     from .handout import new_folder
     from .source import apply_edits
     new_folder(args.dir)
@@ -322,8 +320,8 @@ def main(argv=None) -> None:
     commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py"
                         ).set_defaults(run=lambda a: later("ipynb").cmd_notebook())
     args = parser.parse_args(argv)
-    if args.command in ("lecture-figures", "notebook") and \
-            not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
+    if args.command in ("handout", "plants", "selfcheck", "lecture-figures", "notebook") and \
+            not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):  # no handout or bundle
         raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
     args.run(args)
 
