@@ -217,7 +217,6 @@ def cmd_list(args) -> None:
 
 
 def cmd_plants(args) -> None:
-    """selfcheck's plants as a class to grade, each the reference with one edit."""
     from .exercises import CORRECT, ENDLESS, MISTAKES
     from .handout import new_folder
     from .source import apply_edits
