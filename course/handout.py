@@ -126,7 +126,7 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dic
              "README.md": HANDOUT_README.format(
                  set_name=set_name, exercises=", ".join(map(str, exercises)),
                  answers_note=" (this copy has them: made for self-study)" if answers else "")}
-    for page in ("docs/course.md", "docs/lab.md", "requirements.txt"):
+    for page in ("docs/course.md", "docs/lab.md"):
         text = files.get(page) or read(os.path.join(ROOT, page))
         for old, new in DOC_EDITS:
             text = text.replace(old, new)
