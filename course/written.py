@@ -299,9 +299,7 @@ def lines(rows: list, problems: list, instructor: bool) -> list:
 
 
 def gradescope_tests(rows: list, problems: list) -> list:
-    """Gradescope's tests: the form, shown at once and worth nothing (what could not be read);
-    then each exercise's answers, shown after the due date: right or wrong with the tolerance,
-    never the expected value; the answers for the TA are listed, without points."""
+    """Gradescope's tests of the form (docs/course.md, "The written form", says what each shows)."""
     if not rows:
         return []
     out = [dict(name=f"{FORM}: the form", visibility="visible", output="\n".join(
@@ -329,8 +327,7 @@ def csv_header(exercises) -> list:
 
 
 def csv_cells(rows: list, problems: list) -> list:
-    """The written columns: the numbers' points, an empty cell for each answer the TA grades (0
-    when none), the answers (__main__'s cell() escapes them), what was expected where wrong."""
+    """The written columns, as docs/course.md lists them (__main__'s cell() escapes them)."""
     auto = [r for r in rows if r["number"]]
     out = [f"{sum(r['points'] for r in auto):.2f}", f"{sum(r['max'] for r in auto):g}",
            f"{sum(r['max'] for r in rows if not r['number']):g}"]
