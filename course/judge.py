@@ -232,8 +232,8 @@ def remote(module, name: str):
 # the zygote: a warm parent with torch loaded, started before any submission
 
 class Zygote:
-    """The line to the warm parent of one submission's children: course/child.py, in the sandbox
-    the driver started for this submission (course/grading.py, Driver.start_box)."""
+    """The line to the warm parent of a job's child: course/child.py, in the sandbox the driver
+    gave that job (course/grading.py, Driver.give_box): each job's is fresh."""
 
     def __init__(self, control):
         self.control, self.buffer, self.exits = control, b"", {}
@@ -331,7 +331,7 @@ class Worker:
         self.channels, self.channel, self.config = channels, None, config
         self.module = proxy(config["constants"], config["functions"])
         self.session, self.diff, self.snapshots, self.counts = None, [], {}, {}
-        self.current, self.zygote = None, None  # the zygote: this submission's, from the driver
+        self.current, self.zygote = None, None  # the zygote: the next job's, from the driver
         self.patch_comparisons()
 
     def patch_comparisons(self) -> None:
@@ -378,7 +378,7 @@ class Worker:
         send_line(self.channel, dict(ready=True, pid=os.getpid(), tests=sorted(self.items)))
         fds = []
         for job in read_lines(self.channel, fds):
-            if job.get("zygote"):  # a fresh sandbox's, for the next jobs; the driver kills the last
+            if job.get("zygote"):  # a fresh sandbox's, for the next job; the driver kills the last
                 if self.zygote:
                     self.zygote.control.close()
                 self.zygote = Zygote(socket.socket(fileno=fds.pop(0)))
