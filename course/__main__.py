@@ -8,6 +8,7 @@ a process that never runs a student's code), course/child.py (one exercise of a 
 
 import argparse
 import csv
+import importlib
 import json
 import os
 import random
@@ -216,10 +217,7 @@ def cmd_list(args) -> None:
 
 
 def cmd_plants(args) -> None:
-    """selfcheck's plants as a class to grade, each the reference with one edit."""
     from .exercises import CORRECT, ENDLESS, MISTAKES
-    if not MISTAKES:  # a handout's or a bundle's copy
-        raise SystemExit("course: this copy holds no planted mistakes; run this in the repository")
     from .handout import new_folder
     from .source import apply_edits
     new_folder(args.dir)
@@ -232,6 +230,11 @@ def cmd_plants(args) -> None:
     print(f"wrote {len(plants)} submissions to {args.dir}: {len(MISTAKES)} planted mistakes, "
           f"{len(CORRECT)} other correct solutions, 1 endless loop (exercise {ENDLESS[0]}); "
           f"the file name says which exercise each should cost")
+
+
+def later(module: str):
+    """course/MODULE, imported when its command runs: a handout or a bundle lacks some."""
+    return importlib.import_module(f".{module}", __package__)
 
 
 def add_seed_and_limits(parser) -> None:
@@ -255,6 +258,7 @@ def main(argv=None) -> None:
     handout.add_argument("--set", default="all", choices=SETS, help="which exercises: " + sets)
     handout.add_argument("--answers", action="store_true",
                          help="keep the sheet's answers (self-study); by default they are left out")
+    handout.set_defaults(run=lambda a: later("handout").cmd_handout(a.dir, a.set, a.answers))
     grade = commands.add_parser("grade", help="grade a tokencredit.py, one line per exercise, "
                                 "and the written.txt beside it")
     grade.add_argument("path", nargs="?", help="the student's tokencredit.py, or a folder holding "
@@ -267,6 +271,7 @@ def main(argv=None) -> None:
     grade.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json")
     grade.add_argument("--strict", action="store_true", help="a flagged submission gets 0")
     add_seed_and_limits(grade)
+    grade.set_defaults(run=cmd_grade)
     class_ = commands.add_parser("grade-all", help="grade a folder of submissions into one CSV")
     class_.add_argument("dir", help="one tokencredit.py per student: STUDENT.py or STUDENT/ (with "
                         "written.txt)")
@@ -281,57 +286,43 @@ def main(argv=None) -> None:
     class_.add_argument("--no-sandbox-ok", action="store_true", help="grade even where no "
                         "sandbox can run (students can then reach each other: docs/instructors.md)")
     add_seed_and_limits(class_)
+    class_.set_defaults(run=cmd_grade_all)
     bundle = commands.add_parser("gradescope", help="write a Gradescope autograder bundle (.zip)")
     bundle.add_argument("out", help="the .zip to write")
     bundle.add_argument("--set", required=True, choices=SETS, help=sets)
     bundle.add_argument("--no-sandbox-ok", action="store_true", help="grade even on an image "
                         "where no sandbox can run (a student's code could write its results.json)")
     add_seed_and_limits(bundle)
+    bundle.set_defaults(run=lambda a: later("bundle").cmd_gradescope(
+        a.out, a.set, a.seed, limits_of(a), a.no_sandbox_ok))
     auto = commands.add_parser("autograde", help="in a bundle: what run_autograder runs")
     auto.add_argument("--root", default="/autograder")
+    auto.set_defaults(run=lambda a: later("bundle").cmd_autograde(a.root))
     list_ = commands.add_parser("list", help="the points table and each function's tests")
     list_.add_argument("--set", choices=SETS)
     list_.add_argument("-v", "--verbose", action="store_true", help="name each test")
+    list_.set_defaults(run=cmd_list)
     plants = commands.add_parser("plants", help="write selfcheck's planted mistakes as a class "
                                  "to grade (try grade-all on it)")
     plants.add_argument("dir", help="a new or empty folder")
+    plants.set_defaults(run=cmd_plants)
     answers = commands.add_parser("answers", help="the sheet's answers, the written form's values "
                                   "and rubrics (left out of a handout)")
     answers.add_argument("file", nargs="?", help="write them here (default: print them)")
+    answers.set_defaults(run=lambda a: later("handout").cmd_answers(a.file))
     commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
-                        "handouts")
+                        "handouts").set_defaults(run=lambda a: later("selfcheck").cmd_selfcheck())
     figures = commands.add_parser("lecture-figures", help="draw docs/lecture.md's figures from "
                                   "results/ (SVG, the same bytes each time)")
     figures.add_argument("dir", nargs="?", default=os.path.join(ROOT, "docs", "lecture"))
-    commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py")
+    figures.set_defaults(run=lambda a: later("lecture").cmd_lecture_figures(a.dir))
+    commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py"
+                        ).set_defaults(run=lambda a: later("ipynb").cmd_notebook())
     args = parser.parse_args(argv)
-    here = {"grade": cmd_grade, "grade-all": cmd_grade_all, "list": cmd_list, "plants": cmd_plants}
-    if args.command in ("lecture-figures", "notebook") and \
-            not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
+    if args.command in ("handout", "plants", "selfcheck", "lecture-figures", "notebook") and \
+            not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):  # no handout or bundle
         raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
-    if args.command in here:
-        here[args.command](args)
-    elif args.command == "handout":
-        from .handout import cmd_handout
-        cmd_handout(args.dir, args.set, args.answers)
-    elif args.command == "gradescope":
-        from .bundle import cmd_gradescope
-        cmd_gradescope(args.out, args.set, args.seed, limits_of(args), args.no_sandbox_ok)
-    elif args.command == "autograde":
-        from .bundle import cmd_autograde
-        cmd_autograde(args.root)
-    elif args.command == "answers":
-        from .handout import cmd_answers
-        cmd_answers(args.file)
-    elif args.command == "notebook":
-        from .ipynb import cmd_notebook
-        cmd_notebook()
-    elif args.command == "lecture-figures":
-        from .lecture import cmd_lecture_figures
-        cmd_lecture_figures(args.dir)
-    else:
-        from .selfcheck import cmd_selfcheck
-        cmd_selfcheck()
+    args.run(args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,7 @@
 """The course's data, in one place: the exercises and their points, the sets, and selfcheck's
 plants. Nothing else in course/ names a tokencredit function, so a change to tokencredit.py's
-functions is a change here only.
-
-Points: EXERCISES[k][1] maps each function of exercise k to its points; the exercise is worth
-their sum. An instructor may change any number here; `python -m course list` prints the table.
+functions is a change here only. An instructor may change any of the points (an exercise is worth
+its functions'); `python -m course list` prints the table.
 """
 
 EXERCISES = {  # k: (title, {function: points}), in the README's order

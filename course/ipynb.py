@@ -33,10 +33,8 @@ def cells(script: str) -> list:
                              f"{line!r}")
     out = []
     for kind, lines in found:
-        while lines and not lines[0].strip():
-            lines.pop(0)
-        while lines and not lines[-1].strip():
-            lines.pop()
+        kept = [i for i, line in enumerate(lines) if line.strip()]
+        lines = lines[kept[0]:kept[-1] + 1] if kept else []
         if kind == "markdown":
             for line in lines:
                 if not (line == "#" or line.startswith("# ")):
@@ -59,9 +57,9 @@ def notebook(script: str) -> str:
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def cmd_notebook(script: str = SCRIPT, out: str = NOTEBOOK) -> None:
-    with open(script, encoding="utf-8") as f:
+def cmd_notebook() -> None:
+    with open(SCRIPT, encoding="utf-8") as f:
         text = notebook(f.read())
-    with open(out, "w", encoding="utf-8") as f:
+    with open(NOTEBOOK, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"wrote {out} from {script}")
+    print(f"wrote {NOTEBOOK} from {SCRIPT}")

@@ -1,11 +1,9 @@
 """The judge's side: a pytest session that never imports or runs a student's code (docs/course.md,
-"The student's code computes; the grader judges").
-
-The tests' `tokencredit` is a proxy: its constants are the instructor's file's literals (not run),
-and each call goes to the student's process (course/child.py), which answers with values: a
-gradient through Remote, a callable the test passes (fill_batch's sample_groups) called back
-here, an exception as its type's name and message (a type of ALLOWED raised as itself, any other
-as StudentError).
+"The student's code computes; the grader judges", says what crosses and why). The tests'
+`tokencredit` is a proxy: the instructor's constants (literals, not run), and each function a call
+to the student's process (course/child.py); a callable the test passes (fill_batch's
+sample_groups) is called back here; an exception of ALLOWED is raised as itself, any other as
+StudentError.
 
     python -m course.judge FD...   workers, one a line FD: jobs come from course/grading.py's driver
 """
@@ -117,18 +115,16 @@ class Session:
         value, table, blobs, sent = protocol.encode([list(args), kwargs], callables)
         self.send(dict(op="call", id=call_id, name=name, args=value["v"][0],
                        kwargs=value["v"][1], tensors=table), blobs)
-        while True:
+        header, blobs = self.receive()
+        while header.get("op") == "callback":  # a callable the test passed, called back here
+            self.answer_callback(header, blobs, callables)
             header, blobs = self.receive()
-            op = header.get("op")
-            if op == "callback":
-                self.answer_callback(header, blobs, callables)
-                continue
-            if op != "return":
-                self.stop("malformed", f"it answered {str(op)[:30]!r} to a call")
-            try:
-                return self.returned_value(header, blobs, sent, call_id)
-            except protocol.Malformed as error:
-                self.stop("malformed", f"it answered malformed data ({error})")
+        if header.get("op") != "return":
+            self.stop("malformed", f"it answered {str(header.get('op'))[:30]!r} to a call")
+        try:
+            return self.returned_value(header, blobs, sent, call_id)
+        except protocol.Malformed as error:
+            self.stop("malformed", f"it answered malformed data ({error})")
 
     def returned_value(self, header, blobs, sent, call_id):
         tensors = protocol.decode_tensors(header.get("tensors", []), blobs)
@@ -211,36 +207,33 @@ class Remote(torch.autograd.Function):
         return (None, *session.backward(call_id, grad_outputs, ctx.n))
 
 
-class Function:
-    """tokencredit.NAME on the judge's side."""
-
-    def __init__(self, module, name):
-        self.module, self.__name__ = module, name
-        self.__module__ = module.__name__  # "tokencredit", as the tests ask of a public function
-
-    def __call__(self, *args, **kwargs):
-        session = self.module._session
-        if session is None:
-            raise RuntimeError("no submission is being graded")
-        return session.call(self.__name__, args, kwargs)
-
-
 def proxy(constants: dict, functions) -> types.ModuleType:
     module = types.ModuleType("tokencredit", "the student's tokencredit, answered by its process")
     module._session = None
     for name, value in constants.items():
         setattr(module, name, tuple(value) if isinstance(value, list) else value)
     for name in functions:
-        setattr(module, name, Function(module, name))
+        setattr(module, name, remote(module, name))
     return module
+
+
+def remote(module, name: str):
+    """tokencredit.NAME on the judge's side: a call to the student's process."""
+    def call(*args, **kwargs):
+        if module._session is None:
+            raise RuntimeError("no submission is being graded")
+        return module._session.call(name, args, kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = module.__name__  # "tokencredit", as the tests ask of a public function
+    return call
 
 
 # -----------------------------------------------------------------------------
 # the zygote: a warm parent with torch loaded, started before any submission
 
 class Zygote:
-    """The line to the warm parent of one submission's children: course/child.py, in the sandbox
-    the driver started for this submission (course/grading.py, Driver.start_box)."""
+    """The line to the warm parent of a job's child: course/child.py, in the sandbox the driver
+    gave that job (course/grading.py, Driver.give_box): each job's is fresh."""
 
     def __init__(self, control):
         self.control, self.buffer, self.exits = control, b"", {}
@@ -338,7 +331,7 @@ class Worker:
         self.channels, self.channel, self.config = channels, None, config
         self.module = proxy(config["constants"], config["functions"])
         self.session, self.diff, self.snapshots, self.counts = None, [], {}, {}
-        self.current, self.zygote = None, None  # the zygote: this submission's, from the driver
+        self.current, self.zygote = None, None  # the zygote: the next job's, from the driver
         self.patch_comparisons()
 
     def patch_comparisons(self) -> None:
@@ -385,7 +378,7 @@ class Worker:
         send_line(self.channel, dict(ready=True, pid=os.getpid(), tests=sorted(self.items)))
         fds = []
         for job in read_lines(self.channel, fds):
-            if job.get("zygote"):  # a fresh sandbox's, for the next jobs; the driver kills the last
+            if job.get("zygote"):  # a fresh sandbox's, for the next job; the driver kills the last
                 if self.zygote:
                     self.zygote.control.close()
                 self.zygote = Zygote(socket.socket(fileno=fds.pop(0)))

@@ -53,9 +53,8 @@ def sample_token_weights(ax) -> str:
         ax.bar_label(bars, [f"{s:.2f}" for s in shares], fontsize=11)
         said.append(f"{mode}: per token " + ", ".join(f"{v:.5f}" for v in w[:, 0].tolist())
                     + "; share " + ", ".join(f"{s:.3f}" for s in shares))
-    ax.set_xticks(range(len(GROUP)))
-    ax.set_xticklabels([f"{habit}\n{int(n)} tokens, {'right' if ok else 'wrong'}"
-                        for (habit, _, _), n, ok in zip(GROUP, lengths, correct)])
+    ax.set_xticks(range(len(GROUP)), [f"{habit}\n{int(n)} tokens, {'right' if ok else 'wrong'}"
+                                      for (habit, _, _), n, ok in zip(GROUP, lengths, correct)])
     ax.set_ylabel("weight of each of its tokens (x 1e-3)")
     ax.set_title("One group of 4 answers to 6+9+8=: what one token weighs\n"
                  "(above each bar: the answer's share of the loss weight)")
@@ -83,8 +82,7 @@ def paired_effect(ax) -> str:
         ax.annotate(text, (0.25, y), xytext=(0, -5), textcoords="offset points", fontsize=12)
         said.append(f"{label}: {text}")
     ax.axvline(0, color="black", linewidth=1)
-    ax.set_yticks(range(len(PAIRS)))
-    ax.set_yticklabels([label for label, _, _ in PAIRS])
+    ax.set_yticks(range(len(PAIRS)), [label for label, _, _ in PAIRS])
     ax.set_ylim(len(PAIRS) - 0.5, -1)
     ax.set_xlim(-1.6, 2.2)
     ax.set_xlabel('wrong-answer length, updates 1-60: "token" minus "sample" (tokens)')
@@ -116,9 +114,8 @@ def cscr_answer_weights(ax) -> str:
         said.append(f"strength {strength}: " + ", ".join(
             f"{n} {w[classes == k][0]:.3f}" for k, n in enumerate(credit.CLASSES)
             if (classes == k).any()))
-    ax.set_xticks(range(len(ids)))
-    ax.set_xticklabels([f"{t}\n{credit.CLASSES[c][0].upper()}" for t, c in
-                        zip(plots.token_labels(tokenizer, ids), classes.tolist())])
+    ax.set_xticks(range(len(ids)), [f"{t}\n{credit.CLASSES[c][0].upper()}" for t, c in
+                                    zip(plots.token_labels(tokenizer, ids), classes.tolist())])
     ax.set_ylim(0, 2.6)
     ax.set_ylabel("CSCR weight of the token (mean 1)")
     ax.set_xlabel("token and class: I intermediate digit, O operator, F format, A answer digit")
@@ -143,8 +140,8 @@ def dynamic_sampling(ax) -> str:
         ax.bar(u["step"], values, width=0.8, color=color, label=label)
     ax.axhline(B, color="black", linewidth=1)
     top = max(u["rounds"])
-    ax.set_yticks([B * k for k in range(top + 1)])
-    ax.set_yticklabels(["0"] + [f"{B * k} = {k} round{'s' * (k > 1)}" for k in range(1, top + 1)])
+    ax.set_yticks([B * k for k in range(top + 1)],
+                  ["0"] + [f"{B * k} = {k} round{'s' * (k > 1)}" for k in range(1, top + 1)])
     ax.set_ylim(0, B * top + 14)
     ax.set_xlim(0.3, len(u["step"]) + 0.7)
     ax.set_xlabel("policy update")

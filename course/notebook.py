@@ -125,13 +125,8 @@ RUN = os.path.join(HANDOUT, "runs", "notebook")
 CURVES = os.path.join(RUN, "notebook-curves.png")
 run(sys.executable, "-c", "import sys; from lab import plots, records; "
     "plots.plot_curves(records.load_run(sys.argv[1]), sys.argv[2])", RUN, CURVES, cwd=HANDOUT)
-try:
-    from IPython import get_ipython
+if "get_ipython" in globals():  # Jupyter or Colab: IPython puts it in a notebook's namespace
     from IPython.display import Image, display
-    in_notebook = get_ipython() is not None
-except ImportError:
-    in_notebook = False
-if in_notebook:
     display(Image(filename=CURVES))
 else:
     print(f"the curves: {CURVES}")

@@ -159,14 +159,14 @@ def decode(x, tensors, callback=None):
     try:
         if tag == "tensor":
             return tensors[x["i"]]
-        if tag == "float":
-            return float(v) if v in ("nan", "inf", "-inf") else _bad(v)
+        if tag == "float" and v in ("nan", "inf", "-inf"):  # what JSON holds no number for
+            return float(v)
         if tag == "bigint":
             return int(v)
         if tag == "dtype":
             return DTYPES[v]
-        if tag == "device":
-            return torch.device(v) if v == "cpu" else _bad(v)
+        if tag == "device" and v == "cpu":
+            return torch.device(v)
         if tag in ("tuple", "list"):
             values = [decode(e, tensors, callback) for e in v]
             return tuple(values) if tag == "tuple" else values
@@ -176,8 +176,4 @@ def decode(x, tensors, callback=None):
             return callback(int(x["i"]))
     except (KeyError, IndexError, TypeError, ValueError, RecursionError) as error:
         raise Malformed(f"a {tag} value that does not decode: {error}") from None
-    raise Malformed(f"an unknown value tag {tag!r}")
-
-
-def _bad(v):
-    raise ValueError(v)
+    raise Malformed(f"a value tagged {tag!r} that this protocol does not take: {str(v)[:60]}")

@@ -32,13 +32,12 @@ def cmd_selfcheck() -> None:
     started = time.monotonic()
     reference = read(os.path.join(ROOT, "tokencredit.py"))
     mapping = test_map(reference)  # the reference passes every test, or this stops
-    problems = []
     full = scheme(mapping, EXERCISES, in_order=False)
     graded = sorted({t for p in full.values() for ts in p["functions"].values() for t in ts})
     print(f"{len(graded)} of {len(mapping['tests'])} tests grade an exercise; per exercise: "
           + ", ".join(f"{k}: {len({t for ts in p['functions'].values() for t in ts})}"
                       for k, p in full.items()))
-    problems += few_tests(full, "the official grade")
+    problems = few_tests(full, "the official grade")
     k, what, edits = ENDLESS  # graded with 2 s per test, as the blank (it fails at once)
     grader = Grader(reference, mapping, list(EXERCISES), 0, dict(test_s=2, time_s=30))
     try:

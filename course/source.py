@@ -56,9 +56,8 @@ def blank(source: str, exercises=(), names=()) -> str:
 
 
 def span(node) -> tuple:
-    """(first line index, end line) of a statement, its decorators included."""
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1, \
-        node.end_lineno
+    """(first line index, end line) of a function, its decorators included."""
+    return min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1, node.end_lineno
 
 
 def apply_edits(source: str, edits) -> str:

@@ -1,9 +1,7 @@
 """The written part: the sheet's pencil and lab questions as one plain-text answer form per set
-(written.txt), handed in beside tokencredit.py, and its grade.
-
-QUESTIONS is the instructor's table (docs/course.md, "The written form"). The form is data: read
-as text (at most 64 KB) before the student's code runs, never imported or run. A handout carries
-this file without QUESTIONS; a Gradescope bundle carries it whole, readable by root alone.
+(written.txt), handed in beside tokencredit.py, and its grade (docs/course.md, "The written form",
+says how a form is read and graded). QUESTIONS is the instructor's table: a handout carries this
+file without it; a Gradescope bundle carries it whole, readable by root alone.
 """
 
 import os
@@ -304,9 +302,7 @@ def lines(rows: list, problems: list, instructor: bool) -> list:
 
 
 def gradescope_tests(rows: list, problems: list) -> list:
-    """Gradescope's tests: the form, shown at once and worth nothing (what could not be read);
-    then each exercise's answers, shown after the due date: right or wrong with the tolerance,
-    never the expected value; the answers for the TA are listed, without points."""
+    """Gradescope's tests of the form (docs/course.md, "The written form", says what each shows)."""
     if not rows:
         return []
     out = [dict(name=f"{FORM}: the form", visibility="visible", output="\n".join(
@@ -334,8 +330,7 @@ def csv_header(exercises) -> list:
 
 
 def csv_cells(rows: list, problems: list) -> list:
-    """The written columns: the numbers' points, an empty cell for each answer the TA grades (0
-    when none), the answers (__main__'s cell() escapes them), what was expected where wrong."""
+    """The written columns, as docs/course.md lists them (__main__'s cell() escapes them)."""
     auto = [r for r in rows if r["number"]]
     out = [f"{sum(r['points'] for r in auto):.2f}", f"{sum(r['max'] for r in auto):g}",
            f"{sum(r['max'] for r in rows if not r['number']):g}"]
