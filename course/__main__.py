@@ -143,7 +143,7 @@ def cmd_grade_all(args) -> None:
     order = students[::-1] if args.order == "reverse" else list(students)
     if args.order == "random":
         random.shuffle(order)
-    graded, seeds, failed = {}, {}, []  # seeds: each student's
+    graded, seeds, failed, files = {}, {}, [], {}  # seeds: each student's; files: by inode
     try:
         for name, path, why in order:
             folder = os.path.isdir(path) and not os.path.islink(path)
@@ -153,6 +153,7 @@ def cmd_grade_all(args) -> None:
                 if why:
                     raise ValueError(why)
                 student, source, extras = find_student(path)
+                files.setdefault(os.stat(student)[1:3], []).append(name)  # (inode, device)
             except (ValueError, OSError) as error:
                 graded[name] = (zero_rows(where["exercises"], str(error)), [], answers)
                 continue
@@ -168,6 +169,12 @@ def cmd_grade_all(args) -> None:
             graded[name] = (rows, flags, answers)
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
+    for names in (n for n in files.values() if len(n) > 1):  # hard links (a tar can make them):
+        for name in names:  # which name's file it is, you say; no row loses its points for it
+            rows, flags, _ = graded[name]
+            flag_row(rows, [] if flags else [name], args.strict)  # its "0 until reviewed" once
+            flags.append("the same file as " + ", ".join(shown(n) for n in names if n != name)
+                         + " (a hard link): whose is it?")
     sandbox = "bubblewrap" if grader.sandbox() else "none"
     tmp = args.csv + ".tmp"
     with open(tmp, "w", newline="", encoding="utf-8") as f:

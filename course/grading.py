@@ -781,8 +781,8 @@ NESTING_LIMIT = 100  # levels of its syntax tree (the reference has 15): the gra
 
 
 def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
-    """A student's file as text: a regular file (never through a link, hard or symbolic, never a
-    FIFO or a device), at most `limit` bytes, decoded as Python decodes a module (UTF-8, a BOM, a PEP 263
+    """A student's file as text: a regular file (never through a link, never a FIFO or a
+    device), at most `limit` bytes, decoded as Python decodes a module (UTF-8, a BOM, a PEP 263
     coding line), its syntax tree at most NESTING_LIMIT deep. ValueError says why not."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -793,9 +793,6 @@ def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{shown(path)} is not a regular file (a FIFO, a device, a "
                              "folder): not read")
-        if os.fstat(fd).st_nlink > 1:  # a tar can make a student's name one of a classmate's
-            raise ValueError(f"{shown(path)} is not read: a hard link (one of "
-                             f"{os.fstat(fd).st_nlink} names of one file); grade a copy")
         data = f.read(limit + 1)
     try:
         if len(data) > limit:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from course import grading, source
-from test_sandbox import BASE, CORRECT, REFERENCE, SEED, run
+from test_sandbox import BASE, CORRECT, REFERENCE, SEED, rows_of, run
 
 SANDBOX = grading.find_sandbox()
 pytestmark = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
@@ -119,17 +119,22 @@ def test_an_exercise_never_runs_the_reference_s_code_of_itself(tmp_path):
     assert "total 0.0/30" in said, said
 
 
-def test_a_hard_link_to_a_classmate_s_file_is_not_graded_as_one_s_own(tmp_path):
-    """A symbolic link to a classmate's file is refused ("(to a classmate's file?)"); a hard link
-    (a tar can hold one; st_nlink 2) was read as the student's own: 10 of 10 for a folder that
-    holds nothing of its own."""
-    (tmp_path / "zz-correct.py").write_text(CORRECT)
-    (tmp_path / "b-hard").mkdir()
-    os.link(tmp_path / "zz-correct.py", tmp_path / "b-hard" / "tokencredit.py")
-    done = run("grade", tmp_path / "b-hard", "--set", "grpo", "-e", "1", "--seed", SEED,
-               timeout=300)
+def test_a_hard_link_to_a_classmate_s_file_is_flagged_and_costs_the_classmate_nothing(tmp_path):
+    """A symbolic link to a classmate's file is refused; a hard link (a tar can hold one) was
+    read as the student's own: 10 of 10 for a folder that holds nothing of its own. Which of two
+    names of one file is the owner's nothing says: both rows are flagged, and the classmate's
+    keeps its points (with --strict both wait for review)."""
+    (tmp_path / "class").mkdir()
+    (tmp_path / "class" / "zz-correct.py").write_text(CORRECT)
+    (tmp_path / "class" / "b-hard").mkdir()
+    os.link(tmp_path / "class" / "zz-correct.py", tmp_path / "class" / "b-hard" / "tokencredit.py")
+    done = run("grade-all", tmp_path / "class", "--set", "grpo", "--seed", SEED, "--csv",
+               tmp_path / "g.csv", timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert b"total 0.0/10" in done.stdout, done.stdout
+    rows = rows_of(tmp_path / "g.csv")
+    assert rows["zz-correct"]["total"] == "30.00", rows
+    assert "the same file as b-hard (a hard link)" in rows["zz-correct"]["flags"], rows
+    assert "the same file as zz-correct (a hard link)" in rows["b-hard"]["flags"], rows
 
 
 # the sandbox's user may ptrace its own pid 1 (bwrap's init: same uid, dumpable, no seccomp): the
