@@ -49,14 +49,13 @@ def text_of(node):
 
 
 def in_string(text: str) -> list:
-    """The flags of a string's text when it parses as code, else none."""
-    try:
-        if len(text) > BIG_LITERAL:  # flagged as a literal
-            return []
-        ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    """The flags of a string's text when it parses as code, else none (scan's own answer)."""
+    if len(text) > BIG_LITERAL:  # flagged as a literal
         return []
-    return scan(text)
+    try:
+        return scan(text)
+    except (RecursionError, MemoryError):
+        return []
 
 
 def scan(source: str, extra_files=()) -> list:

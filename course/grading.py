@@ -87,8 +87,8 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
     With uid (as root), ENTER's command line that starts it as uid, the outside uid that the
     sandbox's user maps to."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--as-pid-1", "--new-session", "--uid", "65534", "--gid", "65534", "--ro-bind", "/usr", "/usr",
-            "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
+            "--as-pid-1", "--new-session", "--uid", "65534", "--gid", "65534",
+            "--ro-bind", "/usr", "/usr", "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
     for name in ("/bin", "/sbin", "/lib", "/lib64"):
         argv += ["--symlink", os.readlink(name), name] if os.path.islink(name) else [
             "--ro-bind-try", name, name]
@@ -192,8 +192,7 @@ def memory_cgroup():
         try:  # what start_box and Driver.warm do: a limit, and a process started in it
             os.mkdir(probe)
             cap(cgroup, probe, 1 << 30)
-            subprocess.run(["true"], check=True, timeout=60, preexec_fn=lambda: write_to(
-                os.path.join(probe, "cgroup.procs"), os.getpid()))
+            subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
             return cgroup
         except (OSError, subprocess.SubprocessError):
             continue
@@ -201,6 +200,11 @@ def memory_cgroup():
             with contextlib.suppress(OSError):  # else left empty: harmless
                 os.rmdir(probe)
     return None
+
+
+def joining(folder: str):
+    """A preexec_fn: the new process joins the cgroup `folder` before it runs anything."""
+    return lambda: write_to(os.path.join(folder, "cgroup.procs"), os.getpid())
 
 
 def cgroup_file(cgroup: dict, folder: str, which: str) -> str:
@@ -269,15 +273,14 @@ class Driver:
             box + [sys.executable, "-s", os.path.join(code, "child.py"),
                    str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, preexec_fn=cgroup and (lambda: write_to(
-                os.path.join(cgroup, "cgroup.procs"), os.getpid())) or None)
+            stderr=subprocess.DEVNULL, preexec_fn=joining(cgroup) if cgroup else None)
         theirs.close()
         return dict(process=process, control=ours, cgroup=cgroup)
 
     def warm(self, box) -> None:
         """Wait for the sandbox's zygote to load torch (its line "ready"); then its cgroup may
-        hold what it holds plus the memory limit: all the submission's processes, and its files
-        in /tmp, together."""
+        hold what it holds plus the memory limit: all the job's processes, and its files in
+        /tmp, together."""
         ready, _, _ = select.select([box["process"].stdout], [], [], 300)
         said = os.read(box["process"].stdout.fileno(), 6) if ready else b""
         box["process"].stdout.close()
@@ -288,7 +291,6 @@ class Driver:
                 usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
                 cap(self.sandbox["cgroup"], box["cgroup"],
                     usage + (self.limits["memory_mb"] << 20))
-                box["ooms"] = self.ooms(box)
         except OSError as error:
             raise RuntimeError(f"course: a sandbox failed: {error}") from error
 
@@ -420,10 +422,9 @@ class Driver:
                 if message is not None:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         box = worker["box"]
-                        if message.get("limit") == "died" and box["cgroup"] and self.ooms(
-                                box) > box.get("ooms", 0):  # its cgroup was out of memory
+                        if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
+                            # its cgroup (capped before this job, its only one) ran out of memory
                             message.update(limit="memory", stopped="the kernel killed it")
-                            box["ooms"] = self.ooms(box)
                         results[message["id"]] = message
                         worker["job"] = None
                         self.drop(worker["box"])  # with all the job left in it: no later job
@@ -761,7 +762,7 @@ class Grader:
             return "NO SANDBOX: " + NO_SANDBOX
         return ("sandbox: bubblewrap, each exercise alone (its own PID, mount, network and user "
                 "namespaces" + (", its own uid" if box["uid"] else "")
-                + (", its memory counted whole" if box.get("cgroup") else
+                + (", its memory counted whole" if box["cgroup"] else
                    ", memory limited per process") + ")")
 
     def close(self) -> None:
