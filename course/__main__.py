@@ -131,7 +131,8 @@ def cmd_grade_all(args) -> None:
                          "handout")
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
                     limits_of(args), secret=where.get("secret"))
-    grader.start()  # the judges, their tests and the map: ready before any submission is read
+    students = students_of(args.dir)  # names only: the judges start before any file is read
+    grader.start(jobs=len(students) * len(where["exercises"]))  # and their sandboxes, 4 ahead
     if grader.sandbox() is None and not args.no_sandbox_ok:
         grader.close()
         raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install bubblewrap "
@@ -139,7 +140,6 @@ def cmd_grade_all(args) -> None:
                          "(docs/instructors.md says what is then unprotected)")
     if os.path.exists(args.csv):
         os.remove(args.csv)  # a stopped run leaves no old file that looks new
-    students = students_of(args.dir)
     order = students[::-1] if args.order == "reverse" else list(students)
     if args.order == "random":
         random.shuffle(order)

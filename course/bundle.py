@@ -95,7 +95,7 @@ def cmd_autograde(root: str) -> None:
                     config.get("limits"), secret=config.get("secret"))
     flags = []
     try:
-        grader.start(ahead=False)  # its judges and sandboxes: no code runs unless they are there
+        grader.start(jobs=len(exercises))  # no code runs unless its judges and sandboxes do
         if grader.sandbox() is None and not config.get("no_sandbox_ok"):  # it could write its own
             raise ValueError(f"NO SANDBOX: {NO_SANDBOX}; this bundle grades no code without one "
                              "(one made with --no-sandbox-ok would)")

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import re
 import secrets
@@ -52,14 +53,15 @@ LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the
     cpu_s=240,  # CPU time of the student's process
     disk_mb=64,  # all it writes, together (its sandbox's tmpfs)
 )
-LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise)",
-               "test time": "the time limit ({test_s:g} s per test)",
-               "memory": "the memory limit ({memory_mb} MB)",
-               "file size": "the file size limit ({file_mb} MB)",
-               "cpu time": "the CPU time limit ({cpu_s} s)",
-               "output size": "the output size limit (2 MB of header, 256 MB per answer)",
-               "malformed": "the grader's protocol (it answered malformed data)",
-               "died": "no limit: its process died"}
+LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise) was reached",
+               "test time": "the time limit ({test_s:g} s per test) was reached",
+               "memory": "the memory limit ({memory_mb} MB) was reached",
+               "file size": "the file size limit ({file_mb} MB) was reached",
+               "cpu time": "the CPU time limit ({cpu_s} s) was reached",
+               "output size": "the output size limit (2 MB of header, 256 MB per answer) was "
+                              "reached",
+               "malformed": "it broke the grader's protocol",
+               "died": "its process died"}
 SANDBOX_UID = 1_500_000_000  # as root, the n-th sandbox runs as uid + n
 NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
               "user and can read, signal and write what it can")
@@ -230,7 +232,7 @@ class Driver:
     """The judge workers, the students' sandboxes and the one-submission-at-a-time loop."""
 
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
-                 workers=None, ahead=False, boxes=2):
+                 workers=None, jobs=None):
         self.limits = dict(LIMITS, **(limits or {}))
         self.workers, self.pool, self.stale = workers or 2, [], []
         self.sandbox = find_sandbox()
@@ -240,10 +242,11 @@ class Driver:
         os.makedirs(self.code, mode=0o755)
         for name in ("child.py", "protocol.py"):
             shutil.copy(os.path.join(HERE, name), self.code)
-        # warm sandboxes no job has used (about 150 MB each); ahead (a class): each one taken is
-        # replaced at once, so the next submission's warm up in the meantime
-        self.ahead, self.started, self.ids = ahead, 0, 0
-        self.boxes = [self.start_box() for _ in range(boxes)]
+        # warm sandboxes no job has used (about 150 MB each), 4 at most, fewer if fewer jobs are
+        # still to come (jobs: how many it runs at most, None: no end known), so that a class's
+        # next submission's warm up while one is graded
+        self.left, self.started, self.ids = math.inf if jobs is None else jobs, 0, 0
+        self.boxes = [self.start_box() for _ in range(min(self.left, 4))]
         tests_dir = os.path.join(self.private, "tests")  # no sandbox sees it
         os.makedirs(tests_dir, mode=0o700)
         for name, path in tests.items():  # the tests, read once, before any submission
@@ -299,13 +302,14 @@ class Driver:
         events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
         return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
 
-    def give_box(self, worker, waiting: int) -> None:
-        """A sandbox for the worker's job: a warm one no job has used; then another starts, if
-        `waiting` jobs still need one or (ahead) for the next submission."""
+    def give_box(self, worker) -> None:
+        """A sandbox for the worker's job: a warm one no job has used; then another starts if
+        the jobs still to come outnumber the warm ones (4 at most)."""
         while self.boxes and self.boxes[0]["process"].poll() is not None:
             self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
         worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
-        if self.ahead or len(self.boxes) < waiting:
+        self.left -= 1
+        if len(self.boxes) < min(self.left, 4):
             self.boxes.append(self.start_box())
         self.warm(worker["box"])
         socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
@@ -411,7 +415,7 @@ class Driver:
                     job = todo[i].pop(0)
                     worker["job"] = job
                     with contextlib.suppress(OSError):  # a dead worker: its deadline says so
-                        self.give_box(worker, sum(map(len, todo)))
+                        self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
                     worker["deadline"] = time.monotonic() + job["limit"] + 60
             busy = [w for w in self.pool if w["job"] is not None]
@@ -485,7 +489,7 @@ def kind(test: str, snapshots: dict) -> str:
 def compute_map(reference: str, tests: dict) -> dict:
     started = time.monotonic()
     names, fn_names = list(EXERCISE_OF), list(functions(reference))
-    driver = Driver(tests, 0, constants(reference), fn_names, ahead=True)
+    driver = Driver(tests, 0, constants(reference), fn_names, jobs=1 + len(names))
     try:
         everything = list(driver.tests)
         whole, = driver.run([dict(student=reference, label="tokencredit.py", reference=None,
@@ -576,7 +580,7 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     if result.get("limit"):
         row["limit"] = result["limit"]
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
-        row["error"] = f"0 points: {named} was reached ({result.get('stopped')})"
+        row["error"] = f"0 points: {named} ({result.get('stopped')})"
     total_points, functions = 0.0, plan["functions"]
     uses = {}  # test: the functions of exercise k it needs
     for name, tests in functions.items():
@@ -671,14 +675,12 @@ class Grader:
         self.plan = scheme(mapping, self.exercises, self.in_order)
         self.shapes = {}
 
-    def start(self, workers=None, ahead=True, jobs=None) -> None:
-        """The judges, with their copy of the tests, before any submission is read, and a
-        sandbox for each job (each exercise, unless said), 4 at most at once, each a Python
-        with torch; ahead (a class): each next submission's start while one is graded."""
+    def start(self, workers=None, jobs=None) -> None:
+        """The judges, with their copy of the tests, before any submission is read, and
+        sandboxes warm for the jobs to come (jobs: how many at most, a job an exercise)."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
-                                 self.mapping["functions"], self.limits, workers, ahead,
-                                 min(jobs or len(self.exercises), 4))
+                                 self.mapping["functions"], self.limits, workers, jobs)
             self.found = self.driver.sandbox
 
     def tests_of(self, k) -> list:
@@ -732,7 +734,7 @@ class Grader:
                      given=self.mapping["functions"]) for k in exercises if k not in same]
         ran = []
         if jobs:
-            self.start(min(2, len(jobs)), False, len(jobs))  # one grade, if not started
+            self.start(min(2, len(jobs)), len(jobs))  # one grade, if not started
             try:
                 ran = self.driver.run(jobs)
             except BaseException:  # the grader's own failure: the next file gets fresh judges

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import resource
+import select
 import signal
 import socket
 import sys
@@ -60,6 +61,7 @@ class Session:
 
     def receive(self) -> tuple:
         """The child's next message, whole by the deadline (not only each read by it)."""
+        self.wait()
         try:  # a deadline already past times out before any read
             header, blobs = protocol.receive(self.sock, REPLY_LIMIT,
                                              min(self.deadline, self.test_deadline))
@@ -78,6 +80,21 @@ class Session:
         if header.get("op") == "raise":  # the student's exception, as a value
             raise self.exception(header)
         return header, blobs
+
+    def wait(self) -> None:
+        """Until the child's line has data or the deadline is past; a child that has ended
+        before (killed, say, while a process it forked holds its line open) stops at once."""
+        while True:
+            left = min(self.deadline, self.test_deadline) - time.monotonic()
+            ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0))
+            if self.sock in ready or not ready:  # an answer (or the deadline): receive reads it
+                return
+            try:
+                self.zygote.lines(0.01)
+            except (OSError, EOFError):  # the sandbox's first process: all in it are gone
+                self.stop("died", "its sandbox ended")
+            if self.pid in self.zygote.exits:
+                self.stop(*self.zygote.why(self.pid))
 
     def send(self, header, blobs=()) -> None:
         if self.dead:  # every later call of the same exercise

@@ -442,11 +442,11 @@ def test_a_failure_of_the_grader_on_one_file_costs_no_other(tmp_path, monkeypatc
         (tmp_path / "class" / f"{name}.py").write_text(CORRECT)
     handed, give_box = [], grading.Driver.give_box
 
-    def failing_once(self, worker, waiting):
+    def failing_once(self, worker):
         handed.append(worker)
         if len(handed) == 4:  # b's first job (a has three)
             raise RuntimeError("a grader's own failure")
-        return give_box(self, worker, waiting)
+        return give_box(self, worker)
     monkeypatch.setattr(grading.Driver, "give_box", failing_once)
     with pytest.raises(SystemExit, match="failed on 1 files"):
         course_main.main(["grade-all", str(tmp_path / "class"), "--set", "grpo", "--seed",
