@@ -232,7 +232,7 @@ class Driver:
     """The judge workers, the students' sandboxes and the one-submission-at-a-time loop."""
 
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
-                 workers=None, jobs=None):
+                 workers=None, jobs=None, reuse=False):
         self.limits = dict(LIMITS, **(limits or {}))
         self.workers, self.pool, self.stale = workers or 2, [], []
         self.sandbox = find_sandbox()
@@ -244,8 +244,10 @@ class Driver:
             shutil.copy(os.path.join(HERE, name), self.code)
         # warm sandboxes no job has used (about 150 MB each), 4 at most, fewer if fewer jobs are
         # still to come (jobs: how many it runs at most, None: no end known), so that a class's
-        # next submission's warm up while one is graded
+        # next submission's warm up while one is graded; reuse (the map's jobs, the reference's
+        # own code): a worker's sandbox serves all its jobs
         self.left, self.started, self.ids = math.inf if jobs is None else jobs, 0, 0
+        self.reuse = reuse
         self.boxes = [self.start_box() for _ in range(min(self.left, 4))]
         tests_dir = os.path.join(self.private, "tests")  # no sandbox sees it
         os.makedirs(tests_dir, mode=0o700)
@@ -303,18 +305,20 @@ class Driver:
         return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
 
     def give_box(self, worker) -> None:
-        """A sandbox for the worker's job: a warm one no job has used; then another starts if
-        the jobs still to come outnumber the warm ones (4 at most)."""
-        while self.boxes and self.boxes[0]["process"].poll() is not None:
-            self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
-        worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
-        self.left -= 1
-        if len(self.boxes) < min(self.left, 4):
-            self.boxes.append(self.start_box())
-        self.warm(worker["box"])
+        """A sandbox for the worker's job: a warm one no job has used (unless reuse); then
+        another starts if the jobs still to come outnumber the warm ones (4 at most)."""
+        if worker["box"] is None:
+            while self.boxes and self.boxes[0]["process"].poll() is not None:
+                self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
+            worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
+            self.left -= 1
+            if len(self.boxes) < min(self.left, 4):
+                self.boxes.append(self.start_box())
+            self.warm(worker["box"])
         socket.send_fds(worker["channel"], [b'{"zygote": true}\n'],
                         [worker["box"]["control"].fileno()])
-        worker["box"]["control"].close()  # the judge's now
+        if not self.reuse:
+            worker["box"]["control"].close()  # the judge's now
 
     def drop(self, box) -> None:
         """Killing bwrap kills its sandbox whole (--die-with-parent, its own PID namespace); its
@@ -431,8 +435,9 @@ class Driver:
                             message.update(limit="memory", stopped="the kernel killed it")
                         results[message["id"]] = message
                         worker["job"] = None
-                        self.drop(worker["box"])  # with all the job left in it: no later job
-                        worker["box"] = None  # of the submission finds what this one wrote
+                        if not self.reuse:  # with all the job left in it: no later job of the
+                            self.drop(worker["box"])  # submission finds what this one wrote
+                            worker["box"] = None
                 elif worker["closed"] or time.monotonic() > worker["deadline"]:
                     job = worker["job"]
                     results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
@@ -489,7 +494,7 @@ def kind(test: str, snapshots: dict) -> str:
 def compute_map(reference: str, tests: dict) -> dict:
     started = time.monotonic()
     names, fn_names = list(EXERCISE_OF), list(functions(reference))
-    driver = Driver(tests, 0, constants(reference), fn_names, jobs=1 + len(names))
+    driver = Driver(tests, 0, constants(reference), fn_names, jobs=2, reuse=True)
     try:
         everything = list(driver.tests)
         whole, = driver.run([dict(student=reference, label="tokencredit.py", reference=None,
