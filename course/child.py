@@ -31,14 +31,16 @@ if __package__:
 else:  # run as a script from the judge's private copy
     import protocol
 
+import numpy.random
 import torch
 
 MESSAGE_LIMIT = 1 << 30  # what the child accepts from the judge
 
 
 def zygote(fd: int, work: str) -> None:
-    """Fork a child for each request of the judge. Nothing is loaded ahead but torch: a child
-    imports the rest itself, from the sandbox's read-only views of the Python."""
+    """Fork a child for each request of the judge. Nothing is loaded ahead but torch (and numpy's
+    generator, to seed it): a child imports the rest itself, from the sandbox's read-only views
+    of the Python."""
     control = socket.socket(fileno=fd)
     torch.set_num_threads(1)
     # out of memory, the kernel kills a sandbox's processes first, not the grader's (before the
@@ -121,7 +123,8 @@ def child(spec: dict, fd: int, work: str) -> None:
     os.dup2(out, 2)
     os.close(out)
     random.seed(0)  # with the zygote's PYTHONHASHSEED, code that draws (or iterates a set of
-    torch.manual_seed(0)  # strings) draws the same on every grade of the file
+    numpy.random.seed(0)  # strings) draws the same on every grade of the file
+    torch.manual_seed(0)
     sys.argv = ["tokencredit"]
     sys.path[:] = [p for p in sys.path if "site-packages" in p or "dist-packages" in p
                    or p.startswith(sys.base_prefix)]

@@ -334,16 +334,17 @@ def test_a_side_channel_between_two_jobs_is_flagged(tmp_path):
 
 
 DRAW = '''
-import random as _random
+import random as _random, numpy as _np
 def overlong_penalty(*args, **kwargs):
-    raise ValueError(f"drew {_random.random()} {hash('tokencredit')} {torch.rand(1).item()}")
+    raise ValueError(f"drew {_random.random()} {hash('tokencredit')} {torch.rand(1).item()} "
+                     f"{_np.random.rand()}")
 '''
 
 
 def test_a_file_that_draws_draws_the_same_on_every_grade(tmp_path):
-    """A child's random, torch's generator and str's hash were seeded afresh by each process: a
-    file whose answers depend on a draw, or on a set's order, could get other points on a
-    regrade."""
+    """A child's random, numpy's and torch's generators and str's hash were seeded afresh by each
+    process: a file whose answers depend on a draw, or on a set's order, could get other points
+    on a regrade."""
     drawn = [grade(tmp_path, BASE + DRAW, "-e", "1").split("drew ")[1].split("\n")[0]
              for _ in range(2)]
     assert drawn[0] == drawn[1], drawn
