@@ -92,6 +92,12 @@ def zygote(fd: int, work: str) -> None:
         control.sendall(json.dumps(dict(pid=pid)).encode() + b"\n")
 
 
+def same_bits(a, b) -> bool:
+    """The same dtype, shape and bytes (a NaN the same as itself)."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
 def vm_size() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -206,7 +212,7 @@ class Child:
 
     def call(self, header: dict, blobs) -> None:
         tensors = protocol.decode_tensors(header["tensors"], blobs)
-        versions = [t._version for t in tensors]
+        before = [t.detach().clone() for t in tensors]  # a write through .data moves no _version
         args = protocol.decode(header["args"], tensors, self.callback)
         kwargs = protocol.decode(header["kwargs"], tensors, self.callback)
         function = getattr(self.module, header["name"], None)
@@ -222,7 +228,7 @@ class Child:
             self.graphs[header["id"]] = (grads_in, grads_out)
         mutated = []
         for i, t in enumerate(tensors):
-            if t._version != versions[i]:
+            if not same_bits(t.detach(), before[i]):
                 _, table2, blobs2, _ = protocol.encode(t)
                 mutated.append([i, len(out_blobs)])
                 out_blobs.append(blobs2[0])

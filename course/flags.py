@@ -4,6 +4,7 @@ reviewed. A correct solution written the ordinary way has none: the doors' given
 `_check_inputs(locals())` is not a use of locals."""
 
 import ast
+import re
 
 IMPORTS = {"math", "typing", "torch", "functools", "itertools", "collections", "dataclasses",
            "numbers", "operator", "__future__", "numpy"}  # what an exercise may need
@@ -20,6 +21,8 @@ NATIVE = {"load_library", "ctypeslib", "cpp_extension", "load_inline", "from_fil
 FRAMES = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame", "cr_frame",
           "co_code", "tb_next"}
 DUNDERS_OK = {"__name__", "__doc__", "__main__"}
+DRAWS = {"seed", "default_rng", "RandomState", "SeedSequence", "id", "hash", "data_ptr"}  # what
+# no seed fixes: the operating system's entropy, an object's address
 BY_NAME = {"getattr", "setattr", "delattr", "hasattr", "attrgetter", "methodcaller"}  # (x, name)
 EXTRA_FILES = (".py", ".json", ".pth", ".so", ".pyc", ".cfg", ".ini", ".toml", ".pt")
 BIG_NUMBER = 10 ** 8  # an int this large is a memory bomb's size
@@ -31,6 +34,13 @@ def reaches(name: str) -> bool:
     above, files or native code, a frame's insides, a dunder."""
     return any(part in MODULES or part in NATIVE or part in FRAMES or part.startswith("__")
                and part.endswith("__") and part not in DUNDERS_OK for part in name.split("."))
+
+
+def named_in(text: str) -> list:
+    """The dotted names a string spells that reach past the exercises: itself, or its format
+    fields ("{0.os.environ}")."""
+    return [name for name in [text] * (" " not in text) + re.findall(r"\{([^{}:!]+)", text)
+            if reaches(name.replace("[", ".").replace("]", ""))]
 
 
 def called(node: ast.Call):
@@ -87,6 +97,13 @@ def scan(source: str, extra_files=()) -> list:
         elif isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in calls and \
                 (getattr(node, "id", None) or node.attr) in BY_NAME:  # reduce(getattr, ...)
             said = f"passes {getattr(node, 'id', None) or node.attr} as a value"
+        elif isinstance(node, (ast.Name, ast.Attribute)) and \
+                (getattr(node, "id", None) or node.attr) in DRAWS:
+            said = f"uses {getattr(node, 'id', None) or node.attr}, which no seed fixes: its " \
+                   "points may change on a regrade"
+        elif isinstance(node, ast.MatchClass) and (bad := [a for a in node.kwd_attrs
+                                                           if reaches(a)]):
+            said = f"reaches {', '.join(bad)} through a class pattern"  # case object(os=o)
         elif isinstance(node, ast.Import):
             bad = [a.name for a in node.names if a.name.split(".")[0] not in IMPORTS
                    or reaches(a.name)]  # import numpy.ctypeslib, torch.utils.cpp_extension
@@ -107,8 +124,8 @@ def scan(source: str, extra_files=()) -> list:
             elif reaches(name):
                 said = f"reaches {name} through an attribute"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                id(node) not in docstrings and reaches(node.value) and " " not in node.value:
-            said = f"names {node.value!r} in a string"
+                id(node) not in docstrings and (bad := named_in(node.value)):
+            said = f"names {bad[0]!r} in a string"
         elif isinstance(node, ast.Attribute):
             if node.attr in MODULES or node.attr in NATIVE:
                 said = f"reaches {node.attr} through an attribute"
