@@ -8,6 +8,7 @@ a process that never runs a student's code), course/child.py (one exercise of a 
 
 import argparse
 import csv
+import hashlib
 import importlib
 import json
 import os
@@ -115,7 +116,7 @@ def folder_of(out: str, name: bytes) -> str:
     one cut and told apart by its hash."""
     safe = quote(name, safe="") or "%"
     if len(safe) > 200:  # a file name may have 255 bytes
-        safe = safe[:180] + "-" + grading.sha(os.fsdecode(name))[:16]
+        safe = safe[:180] + "-" + hashlib.sha256(name).hexdigest()[:16]  # bytes: not UTF-8?
     return os.path.join(out, "%2E" + safe[1:] if safe[0] == "." else safe)
 
 

@@ -12,6 +12,7 @@ child sends is bounded (course/judge.py, course/protocol.py) and its text escape
 
 import ast
 import contextlib
+import glob
 import hashlib
 import importlib.util
 import json
@@ -22,6 +23,7 @@ import secrets
 import select
 import shutil
 import signal
+import site
 import socket
 import stat
 import subprocess
@@ -94,11 +96,17 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
     for name in ("/bin", "/sbin", "/lib", "/lib64"):
         argv += ["--symlink", os.readlink(name), name] if os.path.islink(name) else [
             "--ro-bind-try", name, name]
+    sites = [p for p in site.getsitepackages() + sys.path
+             if p.endswith(("site-packages", "dist-packages"))]
     pythons = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(
-        sys.executable)))] + [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+        sys.executable)))] + sites
     for path in sorted({q for p in pythons if os.path.isdir(p) for q in (p, os.path.realpath(p))
                         if not q.startswith("/usr/")}):
         argv += ["--ro-bind", path, path]
+    for path in sorted({q for p in sites for q in glob.glob(os.path.join(p, "tokencredit*"))
+                        + glob.glob(os.path.join(p, "__pycache__", "tokencredit*"))}):
+        # the project, where pip installed it: its reference, hidden
+        argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
     argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
              "--remount-ro", "/dev", "--chdir", "/tmp"]  # /dev's tmpfs is no second disk
     if uid is None:

@@ -200,7 +200,7 @@ def form_of(path: str) -> tuple:
         return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
     try:
         found = [e.path for e in walk(path) if e.name == FORM]  # shallowest first
-    except (ValueError, OSError) as error:
+    except ValueError as error:
         return None, str(error)
     return read_form(found[0]) if found else (None, NO_FORM)
 
@@ -378,11 +378,15 @@ def printable(text: str, one_line=False) -> str:
 
 def walk(folder: str) -> list:
     """Every entry below folder (os.DirEntry), shallowest first, no link followed; ValueError
-    past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into)."""
+    past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into) or for a folder it
+    may not read (a tar keeps modes)."""
     (levels, most), out, todo = WALK_LIMIT, [], [(folder, 1)]
     for here, depth in todo:  # breadth first: todo grows as it is read
-        with os.scandir(here) as entries:
-            found = sorted(entries, key=lambda e: e.name)
+        try:
+            with os.scandir(here) as entries:
+                found = sorted(entries, key=lambda e: e.name)
+        except OSError as error:
+            raise ValueError(f"{shown(here)} is not read: {error.strerror}") from None
         out += found
         todo += [(e.path, depth + 1) for e in found if e.is_dir(follow_symlinks=False)]
         if len(out) > most or todo[-1][1] > levels:
