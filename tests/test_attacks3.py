@@ -75,10 +75,11 @@ def test_attributes_reached_in_a_pattern_or_a_format_field_are_flagged(code):
     assert scan(code), code
 
 
-# draws no seed fixes: torch.seed() reseeds from the operating system; id() and hash() of a new
-# object are its address, which ASLR moves
+# draws no seed fixes: torch.seed() and numpy's default_rng() seed from the operating system; id()
+# and hash() of a new object are its address, which ASLR moves
 DRAWS = '''
-_a = torch.seed()
+import numpy as _np
+_a = (torch.seed(), int(_np.random.default_rng().integers(1000)))
 _b = id(object())
 _c = hash(object())
 
@@ -203,22 +204,3 @@ def test_a_folder_with_a_closed_subfolder_is_graded_or_refused_with_a_reason():
     finally:
         os.chmod(os.path.join(folder, "closed"), 0o755)
         shutil.rmtree(folder)
-
-
-def test_a_folder_it_may_not_read_is_refused_with_a_line(tmp_path, monkeypatch):
-    """A submission folder holding a folder of mode 000 (a tar keeps modes), graded as an
-    ordinary user: find_student raised PermissionError, which grade PATH did not catch (a
-    traceback). Root reads any folder, so the refusal is the kernel's, played here."""
-    from course import written
-    (tmp_path / "sub" / "locked").mkdir(parents=True)
-    (tmp_path / "sub" / "tokencredit.py").write_text(CORRECT)
-    scandir = os.scandir
-
-    def refusing(path):
-        if str(path).endswith("locked"):
-            raise PermissionError(13, "Permission denied")
-        return scandir(path)
-    monkeypatch.setattr(written.os, "scandir", refusing)
-    with pytest.raises(ValueError, match="locked is not read: Permission denied"):
-        grading.find_student(str(tmp_path / "sub"))
-    assert written.form_of(str(tmp_path / "sub"))[1].endswith("is not read: Permission denied")
