@@ -96,8 +96,9 @@ def students_of(folder: str) -> list:
     found = {}
     for entry in sorted(os.listdir(os.fsencode(folder))):
         path = os.path.join(folder, os.fsdecode(entry))
-        if os.path.islink(path) or os.path.isdir(path) or entry.endswith(b".py"):
-            found.setdefault(entry[:-3] if entry.endswith(b".py") else entry, []).append(path)
+        py = entry.lower().endswith(b".py")  # carol.PY too
+        if os.path.islink(path) or os.path.isdir(path) or py:
+            found.setdefault(entry[:-3] if py else entry, []).append(path)
     return [(name, paths[0], " and ".join(map(shown, paths)) + " both handed in: neither is "
              "graded, say which counts" if paths[1:] else f"{shown(paths[0])} is a symbolic "
              "link: not read" if os.path.islink(paths[0]) else None)

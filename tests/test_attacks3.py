@@ -204,3 +204,11 @@ def test_a_folder_with_a_closed_subfolder_is_graded_or_refused_with_a_reason():
     finally:
         os.chmod(os.path.join(folder, "closed"), 0o755)
         shutil.rmtree(folder)
+
+
+def test_a_file_whose_extension_is_in_capitals_gets_a_row(tmp_path):
+    """`carol.PY` (a name kept from another system) got no row at all: left out silently."""
+    from course.__main__ import students_of
+    (tmp_path / "carol.PY").write_text(CORRECT)
+    (tmp_path / "notes.txt").write_text("not a submission")
+    assert [(name, why) for name, _, why in students_of(str(tmp_path))] == [(b"carol", None)]
