@@ -12,7 +12,7 @@ from . import written
 from .bundle import MODULES, strip_selfcheck
 from .exercises import SETS, names as exercise_names
 from .grading import (HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_files,
-                      test_map)
+                      test_map, write_to)
 from .source import blank, code_part, functions, kept_statements, snapshot_tests, span
 
 # what a handout holds: not the other solutions, nor the pages that quote the code; the
@@ -136,8 +136,7 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dic
             text = text if answers else strip_answers(text)[0]
         files[page] = text
     for name, text in files.items():
-        with open(os.path.join(out, name), "w") as f:
-            f.write(text)
+        write_to(os.path.join(out, name), text)
     return mapping
 
 
@@ -161,8 +160,7 @@ def cmd_answers(out) -> None:
     found = all_answers()
     text = "# Answers to docs/course.md, for the instructor\n" + "".join(found)
     if out:
-        with open(out, "w") as f:
-            f.write(text)
+        write_to(out, text)
         print(f"wrote {out}: {len(found)} answers")
     else:
         print(text)

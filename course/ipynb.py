@@ -9,10 +9,10 @@ always gives the same bytes:
 """
 
 import json
-import os
+import pathlib
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT, NOTEBOOK = os.path.join(HERE, "notebook.py"), os.path.join(HERE, "notebook.ipynb")
+HERE = pathlib.Path(__file__).absolute().parent
+SCRIPT, NOTEBOOK = HERE / "notebook.py", HERE / "notebook.ipynb"
 KINDS = {"# %%": "code", "# %% [markdown]": "markdown"}
 METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
             "language_info": {"name": "python"}}
@@ -58,8 +58,5 @@ def notebook(script: str) -> str:
 
 
 def cmd_notebook() -> None:
-    with open(SCRIPT, encoding="utf-8") as f:
-        text = notebook(f.read())
-    with open(NOTEBOOK, "w", encoding="utf-8") as f:
-        f.write(text)
+    NOTEBOOK.write_text(notebook(SCRIPT.read_text(encoding="utf-8")), encoding="utf-8")
     print(f"wrote {NOTEBOOK} from {SCRIPT}")
