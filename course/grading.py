@@ -2,12 +2,9 @@
 
 The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
 folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
-is one job, a child process with the instructor's limits, on worker n mod the workers (n: its
-place in the set). Each job runs in a bubblewrap sandbox no job has used (`sandbox_argv`),
-killed whole when it is done, so no exercise finds what another left; as root, under a uid of
-its own (ENTER) and, where it can, in a memory cgroup of its own (`memory_cgroup`). Without bwrap
-the report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a
-child sends is bounded (course/judge.py, course/protocol.py) and its text escaped here (`clean`).
+is one job, on worker n mod the workers (n: its place in the set), in a bubblewrap sandbox no job
+has used (`sandbox_argv`, ENTER, `memory_cgroup`). What the sandbox, its uid, its cgroup and the
+limits guard, and what runs without one: docs/instructors.md, "What the grader protects against".
 """
 
 import ast
