@@ -326,8 +326,8 @@ def main(argv=None) -> None:
     commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py"
                         ).set_defaults(run=lambda a: later("ipynb").cmd_notebook())
     args = parser.parse_args(argv)
-    if args.command in ("handout", "plants", "selfcheck", "lecture-figures", "notebook") and \
-            not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):  # no handout or bundle
+    repo_only = ("handout", "plants", "selfcheck", "lecture-figures", "notebook", "gradescope")
+    if args.command in repo_only and not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
         raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
     args.run(args)
 
