@@ -156,14 +156,11 @@ def find_sandbox():
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
-            try:
-                subprocess.run(sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c",
-                                                             "pass"],
-                               check=True, stdin=subprocess.DEVNULL, capture_output=True,
+            with contextlib.suppress(OSError, subprocess.SubprocessError):  # then the next, if any
+                argv = sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c", "pass"]
+                subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=60)
                 return dict(uid=uid, cgroup=memory_cgroup())
-            except (OSError, subprocess.SubprocessError):
-                continue
     return None
 
 

@@ -252,28 +252,23 @@ class Zygote:
         *done, self.buffer = self.buffer.split(b"\n")
         out = []
         for line in done:
-            try:
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError,
+                                     RecursionError):  # not a message: dropped
                 message = json.loads(line)
                 if "exit" in message:
                     self.exits[int(message["exit"])] = int(message["status"])
                 elif isinstance(message.get("pid"), int):
                     out.append(message)
-            except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
-                continue
         return out
 
     def fork(self, spec: dict):
         ours, theirs = socket.socketpair()
-        try:
+        with theirs, contextlib.suppress(OSError, EOFError):  # theirs: the child's, closed here
             socket.send_fds(self.control, [json.dumps(spec).encode()], [theirs.fileno()])
             deadline = time.monotonic() + 60  # a new sandbox first loads torch
             while time.monotonic() < deadline:
                 for message in self.lines(1.0):
                     return ours, message["pid"]
-        except (OSError, EOFError):
-            pass
-        finally:
-            theirs.close()
         raise RuntimeError("the zygote did not fork a child")
 
     def kill(self, pid: int) -> None:
