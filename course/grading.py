@@ -572,10 +572,8 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
         row["error"] = f"0 points: {named} was reached ({result.get('stopped')})"
     total_points, functions = 0.0, plan["functions"]
-    uses = {}  # test: the functions of exercise k it needs
-    for name, tests in functions.items():
-        for t in tests:
-            uses.setdefault(t, set()).add(name)
+    uses = {t: {name for name, ts in functions.items() if t in ts}  # the functions of k it needs
+            for tests in functions.values() for t in tests}
     not_run = f"not run: {result.get('stopped') or 'the test did not run'}"
     outcomes = {t: result.get("error") or result["results"].get(t, not_run)  # None: passed
                 for t in uses}
