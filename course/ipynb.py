@@ -1,12 +1,8 @@
-"""A notebook from a plain script in jupytext's "percent" format, with the standard library only.
-
-A `# %%` line starts a code cell and a `# %% [markdown]` line a markdown cell, whose lines are
-comments ("# text" gives "text", "#" an empty line). Blank lines around a cell are dropped. The
-.ipynb (nbformat 4.4) carries no output, no execution count and sorted keys, so the same script
-always gives the same bytes:
-
-    python -m course notebook      # course/notebook.py -> course/notebook.ipynb
-"""
+"""`python -m course notebook`: course/notebook.ipynb from course/notebook.py, a script in
+jupytext's "percent" format (docs/course.md, "A notebook for students"), with the standard library
+only. A markdown cell's lines are comments ("# text" gives "text", "#" an empty line). The .ipynb
+(nbformat 4.4) carries no output, no execution count and sorted keys: the same script, the same
+bytes."""
 
 import json
 import pathlib
