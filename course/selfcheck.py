@@ -1,12 +1,10 @@
 """selfcheck: the grader's checks on itself, for an instructor (tests/test_course.py runs its
-handout part on one set).
-
-The reference passes every test through the grader; a blank file fails every graded test with
-NotImplementedError; an endless loop costs its own exercise, named as a time limit; each set's
-handout holds no solution, loop or answer, and, its exercises written in order, gets full marks
-for those and 0 for the rest; in a handout, each planted mistake costs its own exercise points
-and each other correct solution none. The official grade's plants are tests/test_score.py's (on
-several seeds, in CI); `python tests/test_score.py 20` prints both grades of each plant.
+handout part on one set). The reference passes every test through the grader; a blank file fails
+every graded test with NotImplementedError; an endless loop costs its own exercise, named as a
+time limit; each set's handout holds no solution, loop or answer, and, its exercises written in
+order, gets full marks for those and 0 for the rest; in a handout, each planted mistake costs its
+own exercise points and each other correct solution none. The official grade's plants:
+docs/course.md, "One file, one score".
 """
 
 import json
