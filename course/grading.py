@@ -532,11 +532,9 @@ def test_map(reference: str, tests=None) -> dict:
 
 def needs(mapping: dict) -> dict:
     """{test: the exercises it fails without}."""
-    out = {}
-    for name, tests in mapping["fails"].items():
-        for test in tests:
-            out.setdefault(test, set()).add(EXERCISE_OF[name])
-    return out
+    fails = mapping["fails"]
+    return {test: {EXERCISE_OF[name] for name, ts in fails.items() if test in ts}
+            for tests in fails.values() for test in tests}
 
 
 def scheme(mapping: dict, exercises, in_order: bool) -> dict:
@@ -604,14 +602,10 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
 def not_written(source: str, names) -> list:
     """The functions of `names` still as a handout gives them: checks, then raise
     NotImplementedError. source compiles (Grader.grade checked it)."""
-    defs, out = functions(source), []
-    for name in names:
-        node = defs.get(name)
-        if node is not None and kept_statements(node) == len(node.body) - 1 and \
-                isinstance(node.body[-1], ast.Raise) and "NotImplementedError" in \
-                ast.unparse(node.body[-1]):
-            out.append(name)
-    return out
+    defs = functions(source)
+    return [name for name in names if (node := defs.get(name)) is not None
+            and kept_statements(node) == len(node.body) - 1 and isinstance(node.body[-1], ast.Raise)
+            and "NotImplementedError" in ast.unparse(node.body[-1])]
 
 
 def cross_notes(rows: list, mapping: dict, blank_elsewhere=()) -> None:
