@@ -42,13 +42,10 @@ def cells(script: str) -> list:
 
 def notebook(script: str) -> str:
     """The .ipynb text of a percent script."""
-    nb_cells = []
-    for kind, lines in cells(script):
-        cell = dict(cell_type=kind, metadata={},
-                    source=[line + "\n" for line in lines[:-1]] + lines[-1:])
-        if kind == "code":
-            cell.update(execution_count=None, outputs=[])
-        nb_cells.append(cell)
+    code = dict(execution_count=None, outputs=[])  # what a code cell has beside the others' keys
+    nb_cells = [dict(cell_type=kind, metadata={}, **(code if kind == "code" else {}),
+                     source=[line + "\n" for line in lines[:-1]] + lines[-1:])
+                for kind, lines in cells(script)]
     nb = dict(cells=nb_cells, metadata=METADATA, nbformat=4, nbformat_minor=4)
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
