@@ -70,8 +70,7 @@ of the tests, and the git history. MIT licence: LICENSE.
 def strip_answers(sheet: str) -> tuple:
     """(the sheet without its <details> answers and its answered section, the answers)."""
     found = re.findall(r"\n<details>.*?</details>\n", sheet, flags=re.S)
-    for block in found:
-        sheet = sheet.replace(block, "\n")
+    sheet = re.sub(r"\n<details>.*?</details>\n", "\n", sheet, flags=re.S)
     tail = re.search(r"\n## Try it yourself, answered\n.*?(?=\n## |\Z)", sheet, flags=re.S)
     if tail:
         sheet = sheet.replace(tail.group(0), "")
