@@ -170,14 +170,10 @@ def solution_lines(reference: str, exercises) -> dict:
     keeps) that is long enough to say something and that no given function of the handout holds."""
     defs, names = functions(reference), [n for k in exercises for n in exercise_names(k)]
     given_lines = {code_part(ln) for ln in blank(reference, exercises).splitlines()}
-    out = {}
-    for name in names:
-        for statement in defs[name].body[kept_statements(defs[name]):]:
-            for line in ast.get_source_segment(reference, statement).splitlines():
-                code = code_part(line)
-                if len(code) >= 16 and code not in given_lines:
-                    out[code] = name
-    return out
+    return {code: name for name in names
+            for statement in defs[name].body[kept_statements(defs[name]):]
+            for code in map(code_part, ast.get_source_segment(reference, statement).splitlines())
+            if len(code) >= 16 and code not in given_lines}
 
 
 def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
@@ -207,16 +203,12 @@ def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
     tests, repo = ast.parse(texts[TESTS]), read(os.path.join(ROOT, TESTS))
     loops = [n for n in ast.parse(repo).body
              if isinstance(n, ast.FunctionDef) and n.name.startswith("ref_")]
-    outside = repo.splitlines()
-    for node in sorted(loops, key=lambda n: n.lineno, reverse=True):
-        del outside[span(node)[0]:node.end_lineno]
-    outside = {code_part(ln) for ln in outside}
+    inside = {i for node in loops for i in range(*span(node))}  # the loops' line indices
+    outside = {code_part(ln) for i, ln in enumerate(repo.splitlines()) if i not in inside}
     handout_lines = {code_part(ln) for ln in texts[TESTS].splitlines()}
-    for node in loops:
-        for line in ast.get_source_segment(repo, node).splitlines()[1:]:
-            code = code_part(line)
-            if len(code) >= 16 and code not in outside and code in handout_lines:
-                problems.append(f"{TESTS} holds a line of the loop {node.name}: {code!r}")
+    problems += [f"{TESTS} holds a line of the loop {node.name}: {code!r}" for node in loops
+                 for code in map(code_part, ast.get_source_segment(repo, node).splitlines()[1:])
+                 if len(code) >= 16 and code not in outside and code in handout_lines]
     for node in ast.walk(tests):
         if isinstance(node, ast.FunctionDef) and node.name.startswith("ref_") and any(
                 isinstance(n, (ast.For, ast.While, ast.comprehension)) for n in ast.walk(node)):
