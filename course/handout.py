@@ -192,14 +192,12 @@ def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
     if "\nQUESTIONS = ()  # left out" not in texts.get("course/written.py", ""):
         problems.append("course/written.py holds the written answers")
     for name, text in texts.items():
-        for line, function in solution.items():
-            if line in text:
-                problems.append(f"{name} holds a line of {function}'s solution: {line!r}")
-        for block in answers:
-            for line in block.splitlines():
-                if len(line.strip()) >= 30 and line.strip() in text and not line.startswith(
-                        ("python -m lab", "```", "|---", "## ")):
-                    problems.append(f"{name} holds an answer line: {line.strip()[:60]!r}")
+        problems += [f"{name} holds a line of {function}'s solution: {line!r}"
+                     for line, function in solution.items() if line in text]
+        problems += [f"{name} holds an answer line: {line.strip()[:60]!r}"
+                     for block in answers for line in block.splitlines()
+                     if len(line.strip()) >= 30 and line.strip() in text
+                     and not line.startswith(("python -m lab", "```", "|---", "## "))]
     tests, repo = ast.parse(texts[TESTS]), read(os.path.join(ROOT, TESTS))
     loops = [n for n in ast.parse(repo).body
              if isinstance(n, ast.FunctionDef) and n.name.startswith("ref_")]
