@@ -452,11 +452,8 @@ def test_files(root=ROOT, official=True) -> dict:
     (the repository, a bundle) and official is true, else the students' (a handout's, whose map
     the repository computes with official=False); in a handout, the loops' outputs."""
     hidden = OFFICIAL if official and os.path.exists(os.path.join(root, OFFICIAL)) else HIDDEN
-    out = {TESTS: os.path.join(root, TESTS)}
-    for extra in (hidden, SNAPSHOTS):
-        if os.path.exists(os.path.join(root, extra)):
-            out[os.path.basename(extra)] = os.path.join(root, extra)
-    return out
+    return {os.path.basename(name): os.path.join(root, name) for name in (TESTS, hidden, SNAPSHOTS)
+            if name == TESTS or os.path.exists(os.path.join(root, name))}
 
 
 def map_key(reference: str, tests: dict) -> str:
