@@ -444,8 +444,7 @@ class Worker:
     def failure(self, report, session) -> str:
         """The failure as the report shows it: the test's line, the exception in full, where in
         the student's file it was raised, and the first differing values."""
-        text = report.longreprtext or "failed"
-        lines = text.rstrip().splitlines()
+        lines = (report.longreprtext or "failed").rstrip().splitlines()
         here = os.path.dirname(os.path.abspath(__file__))
         frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')
                   and not ln.startswith(f'  File "{here}')
