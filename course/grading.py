@@ -78,11 +78,9 @@ def sha(*parts) -> str:
 
 
 def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
-    """bwrap's command line: new namespaces (user, PID, mount, network, IPC, UTS, cgroup), killed
-    with its parent, no new user namespace inside; read-only /usr, this Python and code_dir (as
-    /course); a tmpfs of disk_mb at /tmp, the only place it can write; its own /proc and /dev.
-    With uid (as root), ENTER's command line that starts it as uid, the outside uid that the
-    sandbox's user maps to."""
+    """bwrap's command line, for the sandbox docs/instructors.md describes (code_dir as /course,
+    disk_mb of /tmp). With uid (as root), ENTER's command line that starts it as uid, the outside
+    uid that the sandbox's user maps to."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--as-pid-1", "--new-session", "--uid", "65534", "--gid", "65534",
             "--ro-bind", "/usr", "/usr", "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
@@ -556,10 +554,8 @@ def blocker(failure):
 
 
 def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
-    """Exercise k's row. A function's share (its points in EXERCISES) is split by its tests; a
-    function that fails its hand-worked case or a plain-loop comparison keeps at most a quarter
-    of its share, and one that fails a check on fresh inputs keeps nothing. A failing test that
-    needs several functions of k counts against those whose names are in its name, else all."""
+    """Exercise k's row: each function's share (EXERCISES) by its tests, as docs/course.md's
+    "Points" says."""
     row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={}, blank=[],
                limit=None, error=result.get("error"), notes=[])
     if result.get("limit"):
@@ -765,9 +761,8 @@ NESTING_LIMIT = 100  # levels of its syntax tree (the reference has 15): the gra
 
 
 def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
-    """A student's file as text: a regular file (never through a link, never a FIFO or a
-    device), at most `limit` bytes, decoded as Python decodes a module (UTF-8, a BOM, a PEP 263
-    coding line), its syntax tree at most NESTING_LIMIT deep. ValueError says why not."""
+    """A student's file as text, read only as docs/instructors.md says (a regular file, `limit`
+    bytes, decoded as Python decodes a module, NESTING_LIMIT levels); else ValueError says why."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
