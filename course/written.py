@@ -191,9 +191,7 @@ def read_form(path: str) -> tuple:
 
 
 def form_of(path: str) -> tuple:
-    """The form handed in with a submission: a folder's shallowest written.txt, or the one beside
-    a file named tokencredit.py (not a class's shared one: grade-all gives alice.py none). Read
-    before the submission's code runs."""
+    """The form handed in with a submission, the one docs/course.md's "The written form" names."""
     if os.path.islink(path) or not os.path.isdir(path):
         if os.path.basename(path) != "tokencredit.py":
             return None, NO_FORM
@@ -366,9 +364,8 @@ def shown(name) -> str:
 
 
 def printable(text: str, one_line=False) -> str:
-    """A student's text that cannot redraw a report: each character that does not print (a
-    terminal escape, a carriage return, a right-to-left override, a lone surrogate) escaped as
-    Python would; newlines and tabs kept, unless one_line."""
+    """A student's text that cannot redraw a report (docs/instructors.md): each character that does
+    not print escaped as Python would; newlines and tabs kept, unless one_line."""
     keep = "" if one_line else "\t"
     out = "\n".join(line if line.isprintable() else "".join(
         c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in line)
