@@ -273,12 +273,10 @@ def notes(rows: list, problems: list, instructor: bool) -> list:
     also each number that is wrong, with what was expected."""
     missing = [r["id"] for r in rows if r["said"].startswith("missing")]
     out = [f"missing (no answer after the id): {', '.join(missing)}"] if missing else []
-    for r in rows:
-        if r["id"] in missing or r["said"] in problems or r["read"] and not (
-                instructor and r["number"] and not r["right"]):
-            continue
-        out.append(f"{r['id']}: {r['said']}"
-                   + (f" [expected {r['expected']}]" if instructor and r["number"] else ""))
+    out += [f"{r['id']}: {r['said']}"
+            + (f" [expected {r['expected']}]" if instructor and r["number"] else "")
+            for r in rows if r["id"] not in missing and r["said"] not in problems
+            and (not r["read"] or instructor and r["number"] and not r["right"])]
     return out + problems
 
 
