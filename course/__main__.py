@@ -218,9 +218,8 @@ def cmd_list(args) -> None:
             counts = ", ".join(f"{kinds.count(x)} {x}" for x in ("hand", "loop", "fresh", "other")
                                if kinds.count(x))
             print(f"  {name}: {EXERCISES[k][1][name]:g} points, {len(tests)} tests ({counts})")
-            if args.verbose:
-                for test in tests:
-                    print(f"      {test}")
+            for test in tests if args.verbose else ():
+                print(f"      {test}")
 
 
 def cmd_plants(args) -> None:
