@@ -42,8 +42,7 @@ MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
     time_s=120.0,  # wall time for one exercise's tests
     test_s=10.0,  # wall time for one test
-    memory_mb=2048,  # memory the student's process may add to what torch takes (with a cgroup:
-    # all its processes and its files in /tmp together, `Driver.warm`)
+    memory_mb=2048,  # what its sandbox may add to torch's (docs/instructors.md; `Driver.warm`)
     file_mb=16,  # the largest file it may write (its printed output goes to one)
     processes=64,  # processes of the student's user (RLIMIT_NPROC)
     cpu_s=240,  # CPU time of the student's process
@@ -637,9 +636,8 @@ def course_secret() -> str:
 
 
 class Grader:
-    """reference None: a handout's grade (the student's file runs whole, exercises in order);
-    else the official grade (exercise k: the student's exercise k beside the reference's others,
-    the reference's exercise k blank in the child's copy)."""
+    """reference None: a handout's grade (the student's file runs whole, exercises in order); else
+    the official grade (docs/course.md, "The student's code computes; the grader judges")."""
 
     def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None, secret=None):
         self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
@@ -686,8 +684,7 @@ class Grader:
         return shape(source) == shape(self.reference)  # source compiles: grade checked it
 
     def seed_for(self, source: str) -> int:
-        """The seed given (--seed, a handout's 0), else the submission's own: fixed by the secret
-        and the file, unknown without the secret."""
+        """--seed's (a handout's 0), else the file's own: docs/course.md, "One file, one score"."""
         if self.seed is not None:
             return self.seed
         return int(sha(self.secret, source)[:15], 16) % 10 ** 9
