@@ -1,7 +1,6 @@
-"""The written part: the sheet's pencil and lab questions as one plain-text answer form per set
-(written.txt), handed in beside tokencredit.py, and its grade (docs/course.md, "The written form",
-says how a form is read and graded). QUESTIONS is the instructor's table: a handout carries this
-file without it; a Gradescope bundle carries it whole, readable by root alone.
+"""The written part (docs/course.md, "The written form"): the sheet's pencil and lab questions as
+one plain-text answer form per set, written.txt, and its grade. QUESTIONS is the instructor's
+table: a handout carries this file without it; a Gradescope bundle, whole, readable by root alone.
 """
 
 import os
@@ -353,9 +352,8 @@ WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, a
 
 
 def shown(name) -> str:
-    """A file name (str or bytes) as text that prints anywhere and names one file only: as is
-    when printable and in Unicode's composed form (NFC: no two names look alike), else escaped as
-    Python would (bytes not UTF-8 as \\udcXX)."""
+    """A file name (str or bytes) as text that prints anywhere and names one file only (NFC: no
+    two names look alike): as is, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
     text = os.fsdecode(name)
     return text if text.isprintable() and "\\" not in text and \
         unicodedata.normalize("NFC", text) == text else ascii(text)[1:-1]
