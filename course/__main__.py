@@ -1,9 +1,8 @@
 """Course mode: tokencredit.py's equations as exercises, and a grader no submission can fool.
 
-`python -m course --help` lists the commands. docs/course.md is the sheet, and its "For
-instructors" says how a grade is made; docs/instructors.md, the steps from a clone to grades. The
-grader's design: course/grading.py (the driver and the sandboxes), course/judge.py (the tests, in
-a process that never runs a student's code), course/child.py (one exercise of a submission).
+`python -m course --help` lists the commands; docs/course.md and docs/instructors.md say how a
+grade is made. The grader: course/grading.py (the driver and the sandboxes), course/judge.py
+(the tests, in a process that never runs a student's code), course/child.py (one exercise).
 """
 
 import argparse
