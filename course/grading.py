@@ -168,9 +168,8 @@ CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_by
 
 
 def memory_cgroup():
-    """{"folder", "version"}: where this process may make memory cgroups of its own (cgroup v1's
-    memory hierarchy, or v2's where memory is on for its children), else None: as an ordinary
-    user, or where /sys/fs/cgroup is read-only."""
+    """{"folder", "version"}: where this process may make memory cgroups of its own (v1's memory
+    hierarchy, or v2's where memory is on for its children), else None (docs/instructors.md)."""
     for line in read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         version = 1 if "memory" in controllers.split(",") else 2 if not controllers and (
