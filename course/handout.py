@@ -109,6 +109,8 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dic
         else:
             shutil.copy(src, target)
     lab, _ = strip_lab(read(os.path.join(ROOT, "docs", "lab.md")))
+    course = re.sub(r"\n<!-- instructors -->\n.*?\n<!-- /instructors -->\n", "\n",
+                    read(os.path.join(ROOT, "docs", "course.md")), flags=re.S)
     files = {"tokencredit.py": blank(reference, exercises),
              TESTS: snapshot_tests(read(os.path.join(ROOT, TESTS)), SNAPSHOTS),
              "course/exercises.py": strip_selfcheck(read(os.path.join(HERE, "exercises.py"))),
@@ -122,18 +124,13 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dic
                                                                   "constants", "functions")}),
                                   indent=1),
              "docs/lab.md": lab,
+             "docs/course.md": course if answers else strip_answers(course)[0],
              "README.md": HANDOUT_README.format(
                  set_name=set_name, exercises=", ".join(map(str, exercises)),
                  answers_note=" (this copy has them: made for self-study)" if answers else "")}
-    for page in ("docs/course.md", "docs/lab.md"):
-        text = files.get(page) or read(os.path.join(ROOT, page))
+    for page in ("docs/course.md", "docs/lab.md"):  # what they say of the files left out
         for old, new in DOC_EDITS:
-            text = text.replace(old, new)
-        if page == "docs/course.md":
-            text = re.sub(r"\n<!-- instructors -->\n.*?\n<!-- /instructors -->\n", "\n", text,
-                          flags=re.S)
-            text = text if answers else strip_answers(text)[0]
-        files[page] = text
+            files[page] = files[page].replace(old, new)
     for name, text in files.items():
         write_to(os.path.join(out, name), text)
     return mapping
