@@ -71,11 +71,9 @@ def strip_answers(sheet: str) -> tuple:
     """(the sheet without its <details> answers and its answered section, the answers)."""
     found = re.findall(r"\n<details>.*?</details>\n", sheet, flags=re.S)
     sheet = re.sub(r"\n<details>.*?</details>\n", "\n", sheet, flags=re.S)
-    tail = re.search(r"\n## Try it yourself, answered\n.*?(?=\n## |\Z)", sheet, flags=re.S)
-    if tail:
-        sheet = sheet.replace(tail.group(0), "")
-        found.append(tail.group(0))
-    return sheet, found
+    answered = r"\n## Try it yourself, answered\n.*?(?=\n## |\Z)"  # up to the next section
+    found += re.findall(answered, sheet, flags=re.S)
+    return re.sub(answered, "", sheet, flags=re.S), found
 
 
 def strip_lab(page: str) -> tuple:
