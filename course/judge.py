@@ -150,8 +150,7 @@ class Session:
         elif outs:
             for i in outs:
                 plain[i] = plain[i].requires_grad_()
-        for t in plain:
-            self.returned[id(t)] = weakref.ref(t)
+        self.returned.update((id(t), weakref.ref(t)) for t in plain)
         return protocol.decode(header["value"], plain)
 
     def answer_callback(self, header, blobs, callables) -> None:
