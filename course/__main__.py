@@ -1,9 +1,8 @@
 """Course mode: tokencredit.py's equations as exercises, and a grader no submission can fool.
 
-`python -m course --help` lists the commands. docs/course.md is the sheet, and its "For
-instructors" says how a grade is made; docs/instructors.md, the steps from a clone to grades. The
-grader's design: course/grading.py (the driver and the sandboxes), course/judge.py (the tests, in
-a process that never runs a student's code), course/child.py (one exercise of a submission).
+`python -m course --help` lists the commands; docs/course.md and docs/instructors.md say how a
+grade is made. The grader: course/grading.py (the driver and the sandboxes), course/judge.py
+(the tests, in a process that never runs a student's code), course/child.py (one exercise).
 """
 
 import argparse
@@ -220,9 +219,8 @@ def cmd_list(args) -> None:
             counts = ", ".join(f"{kinds.count(x)} {x}" for x in ("hand", "loop", "fresh", "other")
                                if kinds.count(x))
             print(f"  {name}: {EXERCISES[k][1][name]:g} points, {len(tests)} tests ({counts})")
-            if args.verbose:
-                for test in tests:
-                    print(f"      {test}")
+            for test in tests if args.verbose else ():
+                print(f"      {test}")
 
 
 def cmd_plants(args) -> None:
@@ -328,8 +326,8 @@ def main(argv=None) -> None:
     commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py"
                         ).set_defaults(run=lambda a: later("ipynb").cmd_notebook())
     args = parser.parse_args(argv)
-    if args.command in ("handout", "plants", "selfcheck", "lecture-figures", "notebook") and \
-            not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):  # no handout or bundle
+    repo_only = ("handout", "plants", "selfcheck", "lecture-figures", "notebook", "gradescope")
+    if args.command in repo_only and not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
         raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
     args.run(args)
 

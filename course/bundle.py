@@ -6,8 +6,8 @@ import os
 import zipfile
 
 from .exercises import SETS
-from .grading import (BUNDLE_FILE, HERE, NO_SANDBOX, ROOT, Grader, course_secret, find_student,
-                      map_key, read, sha, shown, test_files, test_map, zero_rows)
+from .grading import (BUNDLE_FILE, CACHE, HERE, NO_SANDBOX, ROOT, Grader, course_secret,
+                      find_student, map_key, read, shown, test_files, test_map, zero_rows)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
            "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
@@ -50,14 +50,10 @@ def strip_selfcheck(source: str, names=("MISTAKES", "CORRECT", "ENDLESS")) -> st
 
 
 def cmd_gradescope(out: str, set_name: str, seed, limits: dict, no_sandbox_ok=False) -> None:
-    if os.path.exists(os.path.join(ROOT, "course_map.json")):
-        raise SystemExit("course: make the bundle from the repository, not from a handout")
-    reference = read(os.path.join(ROOT, "tokencredit.py"))
-    mapping = test_map(reference)
+    reference, tests = read(os.path.join(ROOT, "tokencredit.py")), test_files()
+    test_map(reference, tests)  # into the cache, whose file (the map and its hash) the bundle holds
+    cached = f"map-{map_key(reference, tests)[:16]}.json"
     secret = None if seed is not None else course_secret()  # each file its own seed
-    tests = test_files()
-    key = map_key(reference, tests)
-    body = dict(key=key, sha=sha(json.dumps(mapping, sort_keys=True)), map=mapping)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         for name in MODULES:
             z.write(os.path.join(HERE, name), f"course/{name}")
@@ -65,7 +61,7 @@ def cmd_gradescope(out: str, set_name: str, seed, limits: dict, no_sandbox_ok=Fa
         z.write(os.path.join(ROOT, "tokencredit.py"), "tokencredit.py")
         for path in tests.values():  # test_tokencredit.py and the official hidden set
             z.write(path, os.path.relpath(path, ROOT))
-        z.writestr(f".course-cache/map-{key[:16]}.json", json.dumps(body))
+        z.write(os.path.join(CACHE, cached), f".course-cache/{cached}")
         z.writestr(BUNDLE_FILE, json.dumps(dict(set=set_name, seed=seed, secret=secret,
                                                 limits=limits, no_sandbox_ok=no_sandbox_ok)))
         z.writestr("requirements.txt", REQUIREMENTS)

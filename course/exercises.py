@@ -1,7 +1,6 @@
-"""The course's data, in one place: the exercises and their points, the sets, and selfcheck's
-plants. Nothing else in course/ names a tokencredit function, so a change to tokencredit.py's
-functions is a change here only. An instructor may change any of the points (an exercise is worth
-its functions'); `python -m course list` prints the table.
+"""The course's data, in one place: the exercises and their points (docs/course.md, "Points"),
+the sets, and selfcheck's plants. Nothing else in course/ names a tokencredit function, so a change
+to tokencredit.py's functions is a change here only.
 """
 
 EXERCISES = {  # k: (title, {function: points}), in the README's order

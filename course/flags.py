@@ -1,7 +1,6 @@
 """The flag scan: what in a submission reaches past the exercises, read from its ast (nothing is
-run). A flag is for the instructor to look at; with --strict a flagged submission gets 0 until
-reviewed. A correct solution written the ordinary way has none: the doors' given
-`_check_inputs(locals())` is not a use of locals."""
+run; docs/course.md, "Flags", says what is flagged and what --strict does). A correct solution
+written the ordinary way has none: the doors' given `_check_inputs(locals())` is not locals."""
 
 import ast
 import re

@@ -2,12 +2,9 @@
 
 The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
 folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
-is one job, a child process with the instructor's limits, on worker n mod the workers (n: its
-place in the set). Each job runs in a bubblewrap sandbox no job has used (`sandbox_argv`),
-killed whole when it is done, so no exercise finds what another left; as root, under a uid of
-its own (ENTER) and, where it can, in a memory cgroup of its own (`memory_cgroup`). Without bwrap
-the report and the CSV say "no sandbox" and grade-all refuses unless --no-sandbox-ok. What a
-child sends is bounded (course/judge.py, course/protocol.py) and its text escaped here (`clean`).
+is one job, on worker n mod the workers (n: its place in the set), in a bubblewrap sandbox no job
+has used (`sandbox_argv`, ENTER, `memory_cgroup`). What the sandbox, its uid, its cgroup and the
+limits guard, and what runs without one: docs/instructors.md, "What the grader protects against".
 """
 
 import ast
@@ -48,8 +45,7 @@ MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
     time_s=120.0,  # wall time for one exercise's tests
     test_s=10.0,  # wall time for one test
-    memory_mb=2048,  # memory the student's process may add to what torch takes (with a cgroup:
-    # all its processes and its files in /tmp together, `Driver.warm`)
+    memory_mb=2048,  # what its sandbox may add to torch's (docs/instructors.md; `Driver.warm`)
     file_mb=16,  # the largest file it may write (its printed output goes to one)
     processes=64,  # processes of the student's user (RLIMIT_NPROC)
     cpu_s=240,  # CPU time of the student's process
@@ -85,11 +81,9 @@ def sha(*parts) -> str:
 
 
 def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
-    """bwrap's command line: new namespaces (user, PID, mount, network, IPC, UTS, cgroup), killed
-    with its parent, no new user namespace inside; read-only /usr, this Python and code_dir (as
-    /course); a tmpfs of disk_mb at /tmp, the only place it can write; its own /proc and /dev.
-    With uid (as root), ENTER's command line that starts it as uid, the outside uid that the
-    sandbox's user maps to."""
+    """bwrap's command line, for the sandbox docs/instructors.md describes (code_dir as /course,
+    disk_mb of /tmp). With uid (as root), ENTER's command line that starts it as uid, the outside
+    uid that the sandbox's user maps to."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--as-pid-1", "--new-session", "--uid", "65534", "--gid", "65534",
             "--ro-bind", "/usr", "/usr", "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
@@ -169,14 +163,11 @@ def find_sandbox():
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
-            try:
-                subprocess.run(sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c",
-                                                             "pass"],
-                               check=True, stdin=subprocess.DEVNULL, capture_output=True,
+            with contextlib.suppress(OSError, subprocess.SubprocessError):  # then the next, if any
+                argv = sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c", "pass"]
+                subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=60)
                 return dict(uid=uid, cgroup=memory_cgroup())
-            except (OSError, subprocess.SubprocessError):
-                continue
     return None
 
 
@@ -187,9 +178,8 @@ CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_by
 
 
 def memory_cgroup():
-    """{"folder", "version"}: where this process may make memory cgroups of its own (cgroup v1's
-    memory hierarchy, or v2's where memory is on for its children), else None: as an ordinary
-    user, or where /sys/fs/cgroup is read-only."""
+    """{"folder", "version"}: where this process may make memory cgroups of its own (v1's memory
+    hierarchy, or v2's where memory is on for its children), else None (docs/instructors.md)."""
     for line in read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         version = 1 if "memory" in controllers.split(",") else 2 if not controllers and (
@@ -475,11 +465,8 @@ def test_files(root=ROOT, official=True) -> dict:
     (the repository, a bundle) and official is true, else the students' (a handout's, whose map
     the repository computes with official=False); in a handout, the loops' outputs."""
     hidden = OFFICIAL if official and os.path.exists(os.path.join(root, OFFICIAL)) else HIDDEN
-    out = {TESTS: os.path.join(root, TESTS)}
-    for extra in (hidden, SNAPSHOTS):
-        if os.path.exists(os.path.join(root, extra)):
-            out[os.path.basename(extra)] = os.path.join(root, extra)
-    return out
+    return {os.path.basename(name): os.path.join(root, name) for name in (TESTS, hidden, SNAPSHOTS)
+            if name == TESTS or os.path.exists(os.path.join(root, name))}
 
 
 def map_key(reference: str, tests: dict) -> str:
@@ -555,11 +542,9 @@ def test_map(reference: str, tests=None) -> dict:
 
 def needs(mapping: dict) -> dict:
     """{test: the exercises it fails without}."""
-    out = {}
-    for name, tests in mapping["fails"].items():
-        for test in tests:
-            out.setdefault(test, set()).add(EXERCISE_OF[name])
-    return out
+    fails = mapping["fails"]
+    return {test: {EXERCISE_OF[name] for name, ts in fails.items() if test in ts}
+            for tests in fails.values() for test in tests}
 
 
 def scheme(mapping: dict, exercises, in_order: bool) -> dict:
@@ -584,10 +569,8 @@ def blocker(failure):
 
 
 def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
-    """Exercise k's row. A function's share (its points in EXERCISES) is split by its tests; a
-    function that fails its hand-worked case or a plain-loop comparison keeps at most a quarter
-    of its share, and one that fails a check on fresh inputs keeps nothing. A failing test that
-    needs several functions of k counts against those whose names are in its name, else all."""
+    """Exercise k's row: each function's share (EXERCISES) by its tests, as docs/course.md's
+    "Points" says."""
     row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={}, blank=[],
                limit=None, error=result.get("error"), notes=[])
     if result.get("limit"):
@@ -595,10 +578,8 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
         row["error"] = f"0 points: {named} ({result.get('stopped')})"
     total_points, functions = 0.0, plan["functions"]
-    uses = {}  # test: the functions of exercise k it needs
-    for name, tests in functions.items():
-        for t in tests:
-            uses.setdefault(t, set()).add(name)
+    uses = {t: {name for name, ts in functions.items() if t in ts}  # the functions of k it needs
+            for tests in functions.values() for t in tests}
     not_run = f"not run: {result.get('stopped') or 'the test did not run'}"
     outcomes = {t: result.get("error") or result["results"].get(t, not_run)  # None: passed
                 for t in uses}
@@ -629,14 +610,10 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
 def not_written(source: str, names) -> list:
     """The functions of `names` still as a handout gives them: checks, then raise
     NotImplementedError. source compiles (Grader.grade checked it)."""
-    defs, out = functions(source), []
-    for name in names:
-        node = defs.get(name)
-        if node is not None and kept_statements(node) == len(node.body) - 1 and \
-                isinstance(node.body[-1], ast.Raise) and "NotImplementedError" in \
-                ast.unparse(node.body[-1]):
-            out.append(name)
-    return out
+    defs = functions(source)
+    return [name for name in names if (node := defs.get(name)) is not None
+            and kept_statements(node) == len(node.body) - 1 and isinstance(node.body[-1], ast.Raise)
+            and "NotImplementedError" in ast.unparse(node.body[-1])]
 
 
 def cross_notes(rows: list, mapping: dict, blank_elsewhere=()) -> None:
@@ -675,9 +652,8 @@ def course_secret() -> str:
 
 
 class Grader:
-    """reference None: a handout's grade (the student's file runs whole, exercises in order);
-    else the official grade (exercise k: the student's exercise k beside the reference's others,
-    the reference's exercise k blank in the child's copy)."""
+    """reference None: a handout's grade (the student's file runs whole, exercises in order); else
+    the official grade (docs/course.md, "The student's code computes; the grader judges")."""
 
     def __init__(self, reference, mapping, exercises, seed=0, limits=None, tests=None, secret=None):
         self.reference, self.mapping, self.exercises = reference, mapping, list(exercises)
@@ -722,8 +698,7 @@ class Grader:
         return shape(source) == shape(self.reference)  # source compiles: grade checked it
 
     def seed_for(self, source: str) -> int:
-        """The seed given (--seed, a handout's 0), else the submission's own: fixed by the secret
-        and the file, unknown without the secret."""
+        """--seed's (a handout's 0), else the file's own: docs/course.md, "One file, one score"."""
         if self.seed is not None:
             return self.seed
         return int(sha(self.secret, source)[:15], 16) % 10 ** 9
@@ -799,9 +774,8 @@ NESTING_LIMIT = 100  # levels of its syntax tree (the reference has 15): the gra
 
 
 def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
-    """A student's file as text: a regular file (never through a link, never a FIFO or a
-    device), at most `limit` bytes, decoded as Python decodes a module (UTF-8, a BOM, a PEP 263
-    coding line), its syntax tree at most NESTING_LIMIT deep. ValueError says why not."""
+    """A student's file as text, read only as docs/instructors.md says (a regular file, `limit`
+    bytes, decoded as Python decodes a module, NESTING_LIMIT levels); else ValueError says why."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:

@@ -12,7 +12,7 @@ from . import written
 from .bundle import MODULES, strip_selfcheck
 from .exercises import SETS, names as exercise_names
 from .grading import (HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_files,
-                      test_map)
+                      test_map, write_to)
 from .source import blank, code_part, functions, kept_statements, snapshot_tests, span
 
 # what a handout holds: not the other solutions, nor the pages that quote the code; the
@@ -70,13 +70,10 @@ of the tests, and the git history. MIT licence: LICENSE.
 def strip_answers(sheet: str) -> tuple:
     """(the sheet without its <details> answers and its answered section, the answers)."""
     found = re.findall(r"\n<details>.*?</details>\n", sheet, flags=re.S)
-    for block in found:
-        sheet = sheet.replace(block, "\n")
-    tail = re.search(r"\n## Try it yourself, answered\n.*?(?=\n## |\Z)", sheet, flags=re.S)
-    if tail:
-        sheet = sheet.replace(tail.group(0), "")
-        found.append(tail.group(0))
-    return sheet, found
+    sheet = re.sub(r"\n<details>.*?</details>\n", "\n", sheet, flags=re.S)
+    answered = r"\n## Try it yourself, answered\n.*?(?=\n## |\Z)"  # up to the next section
+    found += re.findall(answered, sheet, flags=re.S)
+    return re.sub(answered, "", sheet, flags=re.S), found
 
 
 def strip_lab(page: str) -> tuple:
@@ -110,6 +107,8 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dic
         else:
             shutil.copy(src, target)
     lab, _ = strip_lab(read(os.path.join(ROOT, "docs", "lab.md")))
+    course = re.sub(r"\n<!-- instructors -->\n.*?\n<!-- /instructors -->\n", "\n",
+                    read(os.path.join(ROOT, "docs", "course.md")), flags=re.S)
     files = {"tokencredit.py": blank(reference, exercises),
              TESTS: snapshot_tests(read(os.path.join(ROOT, TESTS)), SNAPSHOTS),
              "course/exercises.py": strip_selfcheck(read(os.path.join(HERE, "exercises.py"))),
@@ -123,21 +122,15 @@ def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dic
                                                                   "constants", "functions")}),
                                   indent=1),
              "docs/lab.md": lab,
+             "docs/course.md": course if answers else strip_answers(course)[0],
              "README.md": HANDOUT_README.format(
                  set_name=set_name, exercises=", ".join(map(str, exercises)),
                  answers_note=" (this copy has them: made for self-study)" if answers else "")}
-    for page in ("docs/course.md", "docs/lab.md"):
-        text = files.get(page) or read(os.path.join(ROOT, page))
+    for page in ("docs/course.md", "docs/lab.md"):  # what they say of the files left out
         for old, new in DOC_EDITS:
-            text = text.replace(old, new)
-        if page == "docs/course.md":
-            text = re.sub(r"\n<!-- instructors -->\n.*?\n<!-- /instructors -->\n", "\n", text,
-                          flags=re.S)
-            text = text if answers else strip_answers(text)[0]
-        files[page] = text
+            files[page] = files[page].replace(old, new)
     for name, text in files.items():
-        with open(os.path.join(out, name), "w") as f:
-            f.write(text)
+        write_to(os.path.join(out, name), text)
     return mapping
 
 
@@ -161,8 +154,7 @@ def cmd_answers(out) -> None:
     found = all_answers()
     text = "# Answers to docs/course.md, for the instructor\n" + "".join(found)
     if out:
-        with open(out, "w") as f:
-            f.write(text)
+        write_to(out, text)
         print(f"wrote {out}: {len(found)} answers")
     else:
         print(text)
@@ -173,14 +165,10 @@ def solution_lines(reference: str, exercises) -> dict:
     keeps) that is long enough to say something and that no given function of the handout holds."""
     defs, names = functions(reference), [n for k in exercises for n in exercise_names(k)]
     given_lines = {code_part(ln) for ln in blank(reference, exercises).splitlines()}
-    out = {}
-    for name in names:
-        for statement in defs[name].body[kept_statements(defs[name]):]:
-            for line in ast.get_source_segment(reference, statement).splitlines():
-                code = code_part(line)
-                if len(code) >= 16 and code not in given_lines:
-                    out[code] = name
-    return out
+    return {code: name for name in names
+            for statement in defs[name].body[kept_statements(defs[name]):]
+            for code in map(code_part, ast.get_source_segment(reference, statement).splitlines())
+            if len(code) >= 16 and code not in given_lines}
 
 
 def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
@@ -199,27 +187,21 @@ def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
     if "\nQUESTIONS = ()  # left out" not in texts.get("course/written.py", ""):
         problems.append("course/written.py holds the written answers")
     for name, text in texts.items():
-        for line, function in solution.items():
-            if line in text:
-                problems.append(f"{name} holds a line of {function}'s solution: {line!r}")
-        for block in answers:
-            for line in block.splitlines():
-                if len(line.strip()) >= 30 and line.strip() in text and not line.startswith(
-                        ("python -m lab", "```", "|---", "## ")):
-                    problems.append(f"{name} holds an answer line: {line.strip()[:60]!r}")
+        problems += [f"{name} holds a line of {function}'s solution: {line!r}"
+                     for line, function in solution.items() if line in text]
+        problems += [f"{name} holds an answer line: {line.strip()[:60]!r}"
+                     for block in answers for line in block.splitlines()
+                     if len(line.strip()) >= 30 and line.strip() in text
+                     and not line.startswith(("python -m lab", "```", "|---", "## "))]
     tests, repo = ast.parse(texts[TESTS]), read(os.path.join(ROOT, TESTS))
     loops = [n for n in ast.parse(repo).body
              if isinstance(n, ast.FunctionDef) and n.name.startswith("ref_")]
-    outside = repo.splitlines()
-    for node in sorted(loops, key=lambda n: n.lineno, reverse=True):
-        del outside[span(node)[0]:node.end_lineno]
-    outside = {code_part(ln) for ln in outside}
+    inside = {i for node in loops for i in range(*span(node))}  # the loops' line indices
+    outside = {code_part(ln) for i, ln in enumerate(repo.splitlines()) if i not in inside}
     handout_lines = {code_part(ln) for ln in texts[TESTS].splitlines()}
-    for node in loops:
-        for line in ast.get_source_segment(repo, node).splitlines()[1:]:
-            code = code_part(line)
-            if len(code) >= 16 and code not in outside and code in handout_lines:
-                problems.append(f"{TESTS} holds a line of the loop {node.name}: {code!r}")
+    problems += [f"{TESTS} holds a line of the loop {node.name}: {code!r}" for node in loops
+                 for code in map(code_part, ast.get_source_segment(repo, node).splitlines()[1:])
+                 if len(code) >= 16 and code not in outside and code in handout_lines]
     for node in ast.walk(tests):
         if isinstance(node, ast.FunctionDef) and node.name.startswith("ref_") and any(
                 isinstance(n, (ast.For, ast.While, ast.comprehension)) for n in ast.walk(node)):

@@ -1,18 +1,14 @@
-"""A notebook from a plain script in jupytext's "percent" format, with the standard library only.
-
-A `# %%` line starts a code cell and a `# %% [markdown]` line a markdown cell, whose lines are
-comments ("# text" gives "text", "#" an empty line). Blank lines around a cell are dropped. The
-.ipynb (nbformat 4.4) carries no output, no execution count and sorted keys, so the same script
-always gives the same bytes:
-
-    python -m course notebook      # course/notebook.py -> course/notebook.ipynb
-"""
+"""`python -m course notebook`: course/notebook.ipynb from course/notebook.py, a script in
+jupytext's "percent" format (docs/course.md, "A notebook for students"), with the standard library
+only. A markdown cell's lines are comments ("# text" gives "text", "#" an empty line). The .ipynb
+(nbformat 4.4) carries no output, no execution count and sorted keys: the same script, the same
+bytes."""
 
 import json
-import os
+import pathlib
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT, NOTEBOOK = os.path.join(HERE, "notebook.py"), os.path.join(HERE, "notebook.ipynb")
+HERE = pathlib.Path(__file__).absolute().parent
+SCRIPT, NOTEBOOK = HERE / "notebook.py", HERE / "notebook.ipynb"
 KINDS = {"# %%": "code", "# %% [markdown]": "markdown"}
 METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
             "language_info": {"name": "python"}}
@@ -46,20 +42,14 @@ def cells(script: str) -> list:
 
 def notebook(script: str) -> str:
     """The .ipynb text of a percent script."""
-    nb_cells = []
-    for kind, lines in cells(script):
-        cell = dict(cell_type=kind, metadata={},
-                    source=[line + "\n" for line in lines[:-1]] + lines[-1:])
-        if kind == "code":
-            cell.update(execution_count=None, outputs=[])
-        nb_cells.append(cell)
+    code = dict(execution_count=None, outputs=[])  # what a code cell has beside the others' keys
+    nb_cells = [dict(cell_type=kind, metadata={}, **(code if kind == "code" else {}),
+                     source=[line + "\n" for line in lines[:-1]] + lines[-1:])
+                for kind, lines in cells(script)]
     nb = dict(cells=nb_cells, metadata=METADATA, nbformat=4, nbformat_minor=4)
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def cmd_notebook() -> None:
-    with open(SCRIPT, encoding="utf-8") as f:
-        text = notebook(f.read())
-    with open(NOTEBOOK, "w", encoding="utf-8") as f:
-        f.write(text)
+    NOTEBOOK.write_text(notebook(SCRIPT.read_text(encoding="utf-8")), encoding="utf-8")
     print(f"wrote {NOTEBOOK} from {SCRIPT}")

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 import types
 import weakref
 
@@ -166,8 +167,7 @@ class Session:
         elif outs:
             for i in outs:
                 plain[i] = plain[i].requires_grad_()
-        for t in plain:
-            self.returned[id(t)] = weakref.ref(t)
+        self.returned.update((id(t), weakref.ref(t)) for t in plain)
         return protocol.decode(header["value"], plain)
 
     def answer_callback(self, header, blobs, callables) -> None:
@@ -269,28 +269,23 @@ class Zygote:
         *done, self.buffer = self.buffer.split(b"\n")
         out = []
         for line in done:
-            try:
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError,
+                                     RecursionError):  # not a message: dropped
                 message = json.loads(line)
                 if "exit" in message:
                     self.exits[int(message["exit"])] = int(message["status"])
                 elif isinstance(message.get("pid"), int):
                     out.append(message)
-            except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
-                continue
         return out
 
     def fork(self, spec: dict):
         ours, theirs = socket.socketpair()
-        try:
+        with theirs, contextlib.suppress(OSError, EOFError):  # theirs: the child's, closed here
             socket.send_fds(self.control, [json.dumps(spec).encode()], [theirs.fileno()])
             deadline = time.monotonic() + 60  # a new sandbox first loads torch
             while time.monotonic() < deadline:
                 for message in self.lines(1.0):
                     return ours, message["pid"]
-        except (OSError, EOFError):
-            pass
-        finally:
-            theirs.close()
         raise RuntimeError("the zygote did not fork a child")
 
     def kill(self, pid: int) -> None:
@@ -404,18 +399,15 @@ class Worker:
             # sampler's consumed iterator) is gone with it: every job sees the tests as collected
             pid = os.fork()
             if pid == 0:
-                code = 1
                 torch.set_num_threads(1)
                 limit = child.vm_size() + (JUDGE_MB << 20)
                 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
                 try:
                     send_line(self.channel, self.run_job(job, _pytest.runner))
-                    code = 0
+                    os._exit(0)
                 except BaseException:  # noqa: B902 -- the grader's own bug: the parent says it
-                    import traceback
                     traceback.print_exc()
-                finally:
-                    os._exit(code)
+                os._exit(1)
             _, status = os.waitpid(pid, 0)
             if status != 0:
                 send_line(self.channel, dict(
@@ -468,8 +460,7 @@ class Worker:
     def failure(self, report, session) -> str:
         """The failure as the report shows it: the test's line, the exception in full, where in
         the student's file it was raised, and the first differing values."""
-        text = report.longreprtext or "failed"
-        lines = text.rstrip().splitlines()
+        lines = (report.longreprtext or "failed").rstrip().splitlines()
         here = os.path.dirname(os.path.abspath(__file__))
         frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')
                   and not ln.startswith(f'  File "{here}')

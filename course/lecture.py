@@ -1,11 +1,6 @@
-"""The lecture's figures (docs/lecture.md), drawn from the committed results and the library:
-
-    python -m course lecture-figures docs/lecture
-
-One panel each, as SVG with fixed bytes (a fixed hash salt, no date or version, text kept as
-text), so that tests/test_lecture.py can check that the committed figures are what results/ and
-tokencredit.py give now. Each figure prints the numbers the lecture quotes from it.
-"""
+"""The lecture's figures and the numbers it quotes from them (docs/lecture.md says how they are
+drawn and checked): one panel each, as SVG with fixed bytes (STYLE's hash salt, no date or
+version, text kept as text)."""
 
 import json
 import os

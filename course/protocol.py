@@ -139,10 +139,8 @@ def decode_tensors(table, blobs) -> list:
         numel = math.prod(shape)
         if len(data) != numel * torch.empty((), dtype=dtype).element_size():
             raise Malformed("a tensor whose bytes do not fill its shape")
-        if numel == 0:
-            t = torch.empty(shape, dtype=dtype)
-        else:
-            t = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape) \
+            if numel else torch.empty(shape, dtype=dtype)  # frombuffer takes no empty buffer
         if entry.get("grad") and (t.is_floating_point() or t.is_complex()):
             t.requires_grad_()
         out.append(t)

@@ -71,12 +71,10 @@ def flag_lines(flags: list) -> list:
 def gradescope(rows: list, flags=(), written=None) -> dict:
     """Gradescope's results.json: one entry per exercise, then the written form's (`written`:
     its rows and problems, course/written.py)."""
-    tests = []
-    for row in rows:
-        output = [f"{row['passed']}/{row['total']} tests passed"] + notes(row) + details(row)
-        tests.append(dict(name=f"exercise {row['k']}: {EXERCISES[row['k']][0]}",
-                          score=row["points"], max_score=row["max"], visibility="visible",
-                          output="\n".join(output)))
+    tests = [dict(name=f"exercise {row['k']}: {EXERCISES[row['k']][0]}", score=row["points"],
+                  max_score=row["max"], visibility="visible", output="\n".join(
+                      [f"{row['passed']}/{row['total']} tests passed"] + notes(row) + details(row)))
+             for row in rows]
     tests += written_part.gradescope_tests(*written) if written else []
     for test in tests:  # a student's text, escaped where it would not print
         test["output"] = written_part.printable(test.get("output", ""))

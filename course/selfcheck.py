@@ -1,12 +1,10 @@
 """selfcheck: the grader's checks on itself, for an instructor (tests/test_course.py runs its
-handout part on one set).
-
-The reference passes every test through the grader; a blank file fails every graded test with
-NotImplementedError; an endless loop costs its own exercise, named as a time limit; each set's
-handout holds no solution, loop or answer, and, its exercises written in order, gets full marks
-for those and 0 for the rest; in a handout, each planted mistake costs its own exercise points
-and each other correct solution none. The official grade's plants are tests/test_score.py's (on
-several seeds, in CI); `python tests/test_score.py 20` prints both grades of each plant.
+handout part on one set). The reference passes every test through the grader; a blank file fails
+every graded test with NotImplementedError; an endless loop costs its own exercise, named as a
+time limit; each set's handout holds no solution, loop or answer, and, its exercises written in
+order, gets full marks for those and 0 for the rest; in a handout, each planted mistake costs its
+own exercise points and each other correct solution none. The official grade's plants:
+docs/course.md, "One file, one score".
 """
 
 import json
@@ -15,7 +13,7 @@ import tempfile
 import time
 
 from .exercises import CORRECT, ENDLESS, EXERCISES, MISTAKES, SETS
-from .grading import MAP_FILE, ROOT, Grader, read, scheme, test_files, test_map
+from .grading import MAP_FILE, ROOT, Grader, read, test_files, test_map
 from .handout import all_answers, scan_handout, write_handout
 from .source import apply_edits, blank
 
@@ -32,14 +30,12 @@ def cmd_selfcheck() -> None:
     started = time.monotonic()
     reference = read(os.path.join(ROOT, "tokencredit.py"))
     mapping = test_map(reference)  # the reference passes every test, or this stops
-    full = scheme(mapping, EXERCISES, in_order=False)
-    graded = sorted({t for p in full.values() for ts in p["functions"].values() for t in ts})
-    print(f"{len(graded)} of {len(mapping['tests'])} tests grade an exercise; per exercise: "
-          + ", ".join(f"{k}: {len({t for ts in p['functions'].values() for t in ts})}"
-                      for k, p in full.items()))
-    problems = few_tests(full, "the official grade")
     k, what, edits = ENDLESS  # graded with 2 s per test, as the blank (it fails at once)
     grader = Grader(reference, mapping, list(EXERCISES), 0, dict(test_s=2, time_s=30))
+    graded = {t for j in EXERCISES for t in grader.tests_of(j)}
+    print(f"{len(graded)} of {len(mapping['tests'])} tests grade an exercise; per exercise: "
+          + ", ".join(f"{j}: {len(grader.tests_of(j))}" for j in EXERCISES))
+    problems = few_tests(grader.plan, "the official grade")
     try:
         rows = grader.grade(blank(reference, EXERCISES))
         endless = grader.grade(apply_edits(reference, edits))
@@ -73,8 +69,8 @@ def check_handouts(reference: str, sets=SETS) -> list:
             found = scan_handout(out, reference, exercises, answers)
             problems += [f"handout {set_name}: {p}" for p in found]
             saved = json.loads(read(os.path.join(out, MAP_FILE)))
-            problems += few_tests(scheme(saved, exercises, True), f"handout {set_name}")
-            grader = Grader(None, saved, exercises, 0, tests=test_files(out))
+            grader = Grader(None, saved, exercises, 0, tests=test_files(out))  # graded in order
+            problems += few_tests(grader.plan, f"handout {set_name}")
             said = []
             try:
                 for i in range(len(exercises) + 1):  # the first i exercises written, in order

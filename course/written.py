@@ -1,7 +1,6 @@
-"""The written part: the sheet's pencil and lab questions as one plain-text answer form per set
-(written.txt), handed in beside tokencredit.py, and its grade (docs/course.md, "The written form",
-says how a form is read and graded). QUESTIONS is the instructor's table: a handout carries this
-file without it; a Gradescope bundle carries it whole, readable by root alone.
+"""The written part (docs/course.md, "The written form"): the sheet's pencil and lab questions as
+one plain-text answer form per set, written.txt, and its grade. QUESTIONS is the instructor's
+table: a handout carries this file without it; a Gradescope bundle, whole, readable by root alone.
 """
 
 import os
@@ -191,9 +190,7 @@ def read_form(path: str) -> tuple:
 
 
 def form_of(path: str) -> tuple:
-    """The form handed in with a submission: a folder's shallowest written.txt, or the one beside
-    a file named tokencredit.py (not a class's shared one: grade-all gives alice.py none). Read
-    before the submission's code runs."""
+    """The form handed in with a submission, the one docs/course.md's "The written form" names."""
     if os.path.islink(path) or not os.path.isdir(path):
         if os.path.basename(path) != "tokencredit.py":
             return None, NO_FORM
@@ -275,12 +272,10 @@ def notes(rows: list, problems: list, instructor: bool) -> list:
     also each number that is wrong, with what was expected."""
     missing = [r["id"] for r in rows if r["said"].startswith("missing")]
     out = [f"missing (no answer after the id): {', '.join(missing)}"] if missing else []
-    for r in rows:
-        if r["id"] in missing or r["said"] in problems or r["read"] and not (
-                instructor and r["number"] and not r["right"]):
-            continue
-        out.append(f"{r['id']}: {r['said']}"
-                   + (f" [expected {r['expected']}]" if instructor and r["number"] else ""))
+    out += [f"{r['id']}: {r['said']}"
+            + (f" [expected {r['expected']}]" if instructor and r["number"] else "")
+            for r in rows if r["id"] not in missing and r["said"] not in problems
+            and (not r["read"] or instructor and r["number"] and not r["right"])]
     return out + problems
 
 
@@ -357,18 +352,16 @@ WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, a
 
 
 def shown(name) -> str:
-    """A file name (str or bytes) as text that prints anywhere and names one file only: as is
-    when printable and in Unicode's composed form (NFC: no two names look alike), else escaped as
-    Python would (bytes not UTF-8 as \\udcXX)."""
+    """A file name (str or bytes) as text that prints anywhere and names one file only (NFC: no
+    two names look alike): as is, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
     text = os.fsdecode(name)
     return text if text.isprintable() and "\\" not in text and \
         unicodedata.normalize("NFC", text) == text else ascii(text)[1:-1]
 
 
 def printable(text: str, one_line=False) -> str:
-    """A student's text that cannot redraw a report: each character that does not print (a
-    terminal escape, a carriage return, a right-to-left override, a lone surrogate) escaped as
-    Python would; newlines and tabs kept, unless one_line."""
+    """A student's text that cannot redraw a report (docs/instructors.md): each character that does
+    not print escaped as Python would; newlines and tabs kept, unless one_line."""
     keep = "" if one_line else "\t"
     out = "\n".join(line if line.isprintable() else "".join(
         c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in line)
