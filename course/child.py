@@ -35,6 +35,7 @@ import numpy.random
 import torch
 
 MESSAGE_LIMIT = 1 << 30  # what the child accepts from the judge
+EQUAL = torch.equal  # as torch has it, before a student's code may replace it
 
 
 def zygote(fd: int, work: str) -> None:
@@ -94,7 +95,7 @@ def zygote(fd: int, work: str) -> None:
 
 def same_bits(a, b) -> bool:
     """The same dtype, shape and bytes (a NaN the same as itself)."""
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+    return a.dtype == b.dtype and a.shape == b.shape and EQUAL(
         a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 

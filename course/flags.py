@@ -13,15 +13,16 @@ MODULES = {"sys", "os", "importlib", "inspect", "builtins", "ctypes", "subproces
            "atexit", "gc", "threading", "multiprocessing", "_thread", "socket", "pickle",
            "marshal", "shutil", "pathlib", "io", "resource", "pty", "mmap", "_pytest", "pytest",
            "tempfile", "linecache", "traceback", "types", "weakref", "runpy", "pkgutil", "posix",
-           "_posixsubprocess", "concurrent", "asyncio", "select", "fcntl"}
+           "_posixsubprocess", "concurrent", "asyncio", "fcntl"}  # (select: Tensor.select)
 NATIVE = {"load_library", "ctypeslib", "cpp_extension", "load_inline", "from_file", "fromfile",
           "fromregex", "tofile", "memmap", "open_memmap", "DataSource", "npyio", "dump", "package",
-          "save", "load", "loadtxt", "savetxt", "genfromtxt"}  # files, native code
+          "save", "load", "loadtxt", "savetxt", "genfromtxt", "open",  # files, native code,
+          "get_type_hints", "ForwardRef", "benchmark", "timeit"}  # and text run as code
 FRAMES = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame", "cr_frame",
           "co_code", "tb_next"}
-DUNDERS_OK = {"__name__", "__doc__", "__main__"}
-DRAWS = {"seed", "default_rng", "RandomState", "SeedSequence", "id", "hash", "data_ptr"}  # what
-# no seed fixes: the operating system's entropy, an object's address
+DUNDERS_OK = {"__name__", "__doc__", "__main__", "__class__"}
+ENTROPY = {"seed", "default_rng", "RandomState", "SeedSequence", "BitGenerator", "PCG64",
+           "PCG64DXSM", "MT19937", "Philox", "SFC64"}  # called with no seed: the system's entropy
 BY_NAME = {"getattr", "setattr", "delattr", "hasattr", "attrgetter", "methodcaller"}  # (x, name)
 EXTRA_FILES = (".py", ".json", ".pth", ".so", ".pyc", ".cfg", ".ini", ".toml", ".pt")
 BIG_NUMBER = 10 ** 8  # an int this large is a memory bomb's size
@@ -40,6 +41,26 @@ def named_in(text: str) -> list:
     fields ("{0.os.environ}")."""
     return [name for name in [text] * (" " not in text) + re.findall(r"\{([^{}:!]+)", text)
             if reaches(name.replace("[", ".").replace("]", ""))]
+
+
+def root_of(node):
+    """The name an attribute or subscript chain starts from (torch in torch.x[0].y), or None."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return getattr(node, "id", None)
+
+
+def draws(node, bound: set):
+    """The name by which node draws what no seed fixes, or None: the entropy of a generator made
+    with no seed, an object's address (the builtins id and hash, where no variable has their
+    name: the hash of a str is fixed, of an object not; Tensor.data_ptr), the clock."""
+    if isinstance(node, ast.Name) and node.id in ("id", "hash") and node.id not in bound:
+        return node.id
+    if isinstance(node, ast.Attribute) and node.attr in ("data_ptr", "datetime64"):
+        return node.attr
+    if isinstance(node, ast.Call) and called(node) in ENTROPY and not node.args + node.keywords:
+        return called(node)
+    return None
 
 
 def called(node: ast.Call):
@@ -85,6 +106,13 @@ def scan(source: str, extra_files=()) -> list:
              and node.args[0].func.id == "locals" and not node.args[0].args}
     modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    while more := {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)  # _t = torch
+                   and getattr(node.value, "id", None) in modules for t in node.targets
+                   if isinstance(t, ast.Name)} - modules:
+        modules |= more
+    bound = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and  # a variable
+             isinstance(node.ctx, ast.Store)} | {a.arg for a in ast.walk(tree)  # named id
+                                                 if isinstance(a, ast.arg)}
     calls = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
@@ -96,10 +124,8 @@ def scan(source: str, extra_files=()) -> list:
         elif isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in calls and \
                 (getattr(node, "id", None) or node.attr) in BY_NAME:  # reduce(getattr, ...)
             said = f"passes {getattr(node, 'id', None) or node.attr} as a value"
-        elif isinstance(node, (ast.Name, ast.Attribute)) and \
-                (getattr(node, "id", None) or node.attr) in DRAWS:
-            said = f"uses {getattr(node, 'id', None) or node.attr}, which no seed fixes: its " \
-                   "points may change on a regrade"
+        elif name := draws(node, bound):
+            said = f"uses {name}, which no seed fixes: its points may change on a regrade"
         elif isinstance(node, ast.MatchClass) and (bad := [a for a in node.kwd_attrs
                                                            if reaches(a)]):
             said = f"reaches {', '.join(bad)} through a class pattern"  # case object(os=o)
@@ -122,23 +148,20 @@ def scan(source: str, extra_files=()) -> list:
                 said = "reaches an attribute by a name computed at run time"
             elif reaches(name):
                 said = f"reaches {name} through an attribute"
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                id(node) not in docstrings and (bad := named_in(node.value)):
+        elif isinstance(node, (ast.Constant, ast.BinOp)) and isinstance(text_of(node), str) \
+                and id(node) not in docstrings and (bad := named_in(text_of(node))):
             said = f"names {bad[0]!r} in a string"
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(
+                node.ctx, (ast.Store, ast.Del)) and root_of(node) in modules:  # for torch.x in
+            said = f"writes an attribute of the module {root_of(node)}"
+        elif isinstance(node, ast.Attribute) and root_of(node) in modules and \
+                node.attr.startswith("_") and not node.attr.endswith("__"):
+            said = f"uses {node.attr}, private to its module"  # dataclasses._create_fn
         elif isinstance(node, ast.Attribute):
             if node.attr in MODULES or node.attr in NATIVE:
                 said = f"reaches {node.attr} through an attribute"
             elif reaches(node.attr):  # a frame's insides, a dunder
                 said = f"uses the attribute {node.attr}"
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if hasattr(node, "targets") else [node.target]
-            for target in targets:
-                root = target
-                while isinstance(root, (ast.Attribute, ast.Subscript)):
-                    root = root.value
-                if isinstance(target, (ast.Attribute, ast.Subscript)) and \
-                        isinstance(root, ast.Name) and root.id in modules:
-                    said = f"writes an attribute of the module {root.id}"
         elif isinstance(node, ast.Constant) and id(node) not in docstrings:
             if isinstance(node.value, (str, bytes)) and len(node.value) > BIG_LITERAL:
                 said = f"holds a literal of {len(node.value)} characters (stored answers?)"

@@ -97,9 +97,12 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
     for path in sorted({q for p in pythons if os.path.isdir(p) for q in (p, os.path.realpath(p))
                         if not q.startswith("/usr/")}):
         argv += ["--ro-bind", path, path]
-    for path in sorted({q for p in sites for q in glob.glob(os.path.join(p, "tokencredit*"))
-                        + glob.glob(os.path.join(p, "__pycache__", "tokencredit*"))}):
-        # the project, where pip installed it: its reference, hidden
+    places = sites + [q for p in pythons + ["/usr"] for q in glob.glob(os.path.join(  # where pip
+        p, "lib", "python*", "*-packages")) + glob.glob(os.path.join(  # may have installed the
+            p, "local", "lib", "python*", "*-packages"))]  # project: its reference, hidden
+    for path in sorted({r for p in places for q in glob.glob(os.path.join(p, "tokencredit*"))
+                        + glob.glob(os.path.join(p, "__pycache__", "tokencredit*"))
+                        for r in (q, os.path.realpath(q))}):
         argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
     argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
              "--remount-ro", "/dev", "--chdir", "/tmp"]  # /dev's tmpfs is no second disk

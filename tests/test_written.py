@@ -259,7 +259,7 @@ def test_grade_path_prints_the_written_grade_and_gradescope_holds_its_tests(tmp_
 
 def test_grade_all_writes_the_written_columns(tmp_path, monkeypatch):
     # the reference's code is never run again: no judge is needed
-    monkeypatch.setattr(grading.Grader, "start", lambda self, workers=None: None)
+    monkeypatch.setattr(grading.Grader, "start", lambda self, workers=None, jobs=None: None)
     class_ = tmp_path / "class"
     class_.mkdir()
     submission(class_ / "alice", filled(GRPO, lab1_sample=-4.98))
