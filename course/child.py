@@ -94,9 +94,11 @@ def zygote(fd: int, work: str) -> None:
 
 
 def same_bits(a, b) -> bool:
-    """The same dtype, shape and bytes (a NaN the same as itself)."""
-    return a.dtype == b.dtype and a.shape == b.shape and EQUAL(
-        a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+    """The same dtype, shape and bytes (a NaN the same as itself; a meta tensor has none)."""
+    if (a.dtype, a.shape, a.is_meta) != (b.dtype, b.shape, b.is_meta):
+        return False
+    return a.is_meta or EQUAL(a.contiguous().view(-1).view(torch.uint8),
+                              b.contiguous().view(-1).view(torch.uint8))
 
 
 def vm_size() -> int:

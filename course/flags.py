@@ -50,15 +50,18 @@ def root_of(node):
     return getattr(node, "id", None)
 
 
-def draws(node, bound: set):
+def draws(node, bound: set, compared: set):
     """The name by which node draws what no seed fixes, or None: the entropy of a generator made
-    with no seed, an object's address (the builtins id and hash, where no variable has their
-    name: the hash of a str is fixed, of an object not; Tensor.data_ptr), the clock."""
-    if isinstance(node, ast.Name) and node.id in ("id", "hash") and node.id not in bound:
+    with no seed, an object's address (the builtins id and hash, unless the file binds the name
+    itself or compares what they give, as id(a) == id(b); the hash of a str is fixed, of an
+    object not; Tensor.data_ptr), the clock."""
+    if isinstance(node, ast.Name) and node.id in ("id", "hash") and node.id not in bound and \
+            id(node) not in compared:
         return node.id
     if isinstance(node, ast.Attribute) and node.attr in ("data_ptr", "datetime64"):
         return node.attr
-    if isinstance(node, ast.Call) and called(node) in ENTROPY and not node.args + node.keywords:
+    if isinstance(node, ast.Call) and called(node) in ENTROPY and not node.keywords and all(
+            isinstance(a, ast.Constant) and a.value is None for a in node.args):  # (None) too
         return called(node)
     return None
 
@@ -106,13 +109,16 @@ def scan(source: str, extra_files=()) -> list:
              and node.args[0].func.id == "locals" and not node.args[0].args}
     modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-    while more := {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)  # _t = torch
-                   and getattr(node.value, "id", None) in modules for t in node.targets
+    while more := {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)  # _t = torch,
+                   and root_of(node.value) in modules for t in node.targets  # torch.Tensor
                    if isinstance(t, ast.Name)} - modules:
         modules |= more
-    bound = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and  # a variable
-             isinstance(node.ctx, ast.Store)} | {a.arg for a in ast.walk(tree)  # named id
-                                                 if isinstance(a, ast.arg)}
+    bound = {getattr(node, "id", None) or getattr(node, "arg", None) or getattr(node, "name", "")
+             for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(  # a name
+                 node.ctx, ast.Store) or isinstance(node, (ast.arg, ast.FunctionDef,  # of the
+                                                          ast.ClassDef))} | modules  # file's own
+    compared = {id(c.func) for node in ast.walk(tree) if isinstance(node, ast.Compare)  # id(a)
+                for c in [node.left, *node.comparators] if isinstance(c, ast.Call)}  # == id(b)
     calls = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
@@ -124,7 +130,7 @@ def scan(source: str, extra_files=()) -> list:
         elif isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in calls and \
                 (getattr(node, "id", None) or node.attr) in BY_NAME:  # reduce(getattr, ...)
             said = f"passes {getattr(node, 'id', None) or node.attr} as a value"
-        elif name := draws(node, bound):
+        elif name := draws(node, bound, compared):
             said = f"uses {name}, which no seed fixes: its points may change on a regrade"
         elif isinstance(node, ast.MatchClass) and (bad := [a for a in node.kwd_attrs
                                                            if reaches(a)]):
@@ -154,6 +160,9 @@ def scan(source: str, extra_files=()) -> list:
         elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(
                 node.ctx, (ast.Store, ast.Del)) and root_of(node) in modules:  # for torch.x in
             said = f"writes an attribute of the module {root_of(node)}"
+        elif isinstance(node, ast.Attribute) and node.attr == "__class__" and isinstance(
+                node.ctx, (ast.Store, ast.Del)):  # an input made another class (read: allowed)
+            said = "writes __class__"
         elif isinstance(node, ast.Attribute) and root_of(node) in modules and \
                 node.attr.startswith("_") and not node.attr.endswith("__"):
             said = f"uses {node.attr}, private to its module"  # dataclasses._create_fn

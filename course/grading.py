@@ -3,8 +3,9 @@
 The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
 folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
 is one job, on worker n mod the workers (n: its place in the set), in a bubblewrap sandbox no job
-has used (`sandbox_argv`, ENTER, `memory_cgroup`). What the sandbox, its uid, its cgroup and the
-limits guard, and what runs without one: docs/instructors.md, "What the grader protects against".
+has used (`sandbox_argv`, ENTER, `memory_cgroup`; the test map's jobs, the reference's own code,
+share one a worker). What the sandbox, its uid, its cgroup and the limits guard, and what runs
+without one: docs/instructors.md, "What the grader protects against".
 """
 
 import ast
@@ -432,7 +433,8 @@ class Driver:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         box = worker["box"]
                         if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
-                            # its cgroup (capped before this job, its only one) ran out of memory
+                            # its cgroup (capped before this job, a student's only one) ran out
+                            # of memory
                             message.update(limit="memory", stopped="the kernel killed it")
                         results[message["id"]] = message
                         worker["job"] = None
@@ -511,6 +513,10 @@ def compute_map(reference: str, tests: dict) -> dict:
         results = driver.run(jobs)
     finally:
         driver.close()
+    stopped = [r["error"] or r["stopped"] for r in results if r["error"] or r["limit"]]
+    if stopped:  # a blanked copy that did not run its tests: its fails would be wrong
+        raise SystemExit(f"course: a run of the blanked reference for the map stopped: "
+                         f"{stopped[0]}")
     fails = {name: sorted(t for t, failure in result["results"].items() if failure)
              for name, result in zip(names, results)}
     mapping = dict(tests=sorted(everything), fails=fails, snapshots=whole["snapshots"],
@@ -725,7 +731,7 @@ class Grader:
                      given=self.mapping["functions"]) for k in exercises if k not in same]
         ran = []
         if self.driver is not None:  # a class's: the sandboxes it keeps warm are for jobs to come
-            self.driver.left -= len(same)
+            self.driver.left = max(self.driver.left - len(same), len(jobs))
         if jobs:
             self.start(min(2, len(jobs)), len(jobs))  # one grade, if not started
             try:

@@ -250,7 +250,8 @@ def remote(module, name: str):
 
 class Zygote:
     """The line to the warm parent of a job's child: course/child.py, in the sandbox the driver
-    gave that job (course/grading.py, Driver.give_box): each job's is fresh."""
+    gave that job (course/grading.py, Driver.give_box): each student's job's is fresh (the
+    map's jobs, the reference's own code, share one a worker)."""
 
     def __init__(self, control):
         self.control, self.buffer, self.exits = control, b"", {}
@@ -407,7 +408,8 @@ class Worker:
                     os._exit(0)
                 except BaseException:  # noqa: B902 -- the grader's own bug: the parent says it
                     traceback.print_exc()
-                os._exit(1)
+                finally:  # whatever printing it raised
+                    os._exit(1)
             _, status = os.waitpid(pid, 0)
             if status != 0:
                 send_line(self.channel, dict(

@@ -197,7 +197,7 @@ def form_of(path: str) -> tuple:
         return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
     try:
         found = [e.path for e in walk(path) if e.name == FORM]  # shallowest first
-    except ValueError as error:
+    except (ValueError, OSError) as error:  # OSError: an entry it may not stat
         return None, str(error)
     return read_form(found[0]) if found else (None, NO_FORM)
 

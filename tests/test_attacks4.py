@@ -26,6 +26,8 @@ needs_bwrap = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here"
 # torch.equal, which the child's before-and-after comparison of the inputs calls, replaced in
 # the student's own process: through an alias of the module, or as a for loop's target
 EQUAL_ALWAYS = {"alias": "_t = torch\n_t.equal = lambda *a, **k: True\n",
+                "class": "_T = torch.Tensor\n_T.contiguous = lambda self: self\n",
+                "__class__": "_x = torch.zeros(1)\n_x.__class__ = torch.nn.Parameter\n",
                 "for target": "for torch.equal in [lambda *a, **k: True]:\n    pass\n"}
 
 
@@ -45,8 +47,8 @@ def test_an_input_write_is_seen_when_torch_equal_is_replaced(tmp_path, how):
     in-place write, which fails test_inputs_unchanged: 9.4/10), with torch.equal replaced by
     `lambda *a, **k: True` at the file's top: 10.0/10 under --strict, 17/17 tests, no flag."""
     text = group_advantages_then("rewards.zero_()") + "\n" + EQUAL_ALWAYS[how]
-    said = grade(tmp_path, text, "-e", "1", "-v", "--strict")
-    assert "10.0/10" not in said, said
+    said = grade(tmp_path, text, "-e", "1", "-v")  # not --strict: its flag alone would give 0
+    assert "FAILED test_inputs_unchanged[group_advantages]" in said, said
 
 
 # draws no seed fixes, by names the DRAWS list does not hold: a numpy bit generator made with no
@@ -144,6 +146,8 @@ ORDINARY = {
     "a tensor's select": "def _first(x):\n    return x.select(-1, 0)\n",
     "a message's type": "def _check(x):\n    raise ValueError('expected a tensor, got "
                         "{0.__class__.__name__}'.format(x))\n",
+    "two objects compared by id": "def _same(a, b):\n    return id(a) == id(b)\n",
+    "a helper named hash": "def hash(x):\n    return 1\n\n\n_h = hash(2)\n",
 }
 
 
@@ -171,6 +175,7 @@ def test_the_reference_installed_in_the_base_python_is_not_in_the_sandbox(tmp_pa
     argv = grading.sandbox_argv(str(code), 64)
     done = subprocess.run(argv + ["/bin/sh", "-c", f"cat {site_dir}/tokencredit.py"],
                           capture_output=True, text=True, timeout=60)
+    assert "bwrap:" not in done.stderr, done.stderr  # the sandbox ran (the file reads as denied)
     assert "ANSWERS" not in done.stdout, done.stdout
 
 
