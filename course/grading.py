@@ -98,12 +98,14 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
     for path in sorted({q for p in pythons if os.path.isdir(p) for q in (p, os.path.realpath(p))
                         if not q.startswith("/usr/")}):
         argv += ["--ro-bind", path, path]
-    places = sites + [q for p in pythons + ["/usr"] for q in glob.glob(os.path.join(  # where pip
-        p, "lib", "python*", "*-packages")) + glob.glob(os.path.join(  # may have installed the
-            p, "local", "lib", "python*", "*-packages"))]  # project: its reference, hidden
-    for path in sorted({r for p in places for q in glob.glob(os.path.join(p, "tokencredit*"))
-                        + glob.glob(os.path.join(p, "__pycache__", "tokencredit*"))
-                        for r in (q, os.path.realpath(q))}):
+    # the project where pip may have installed it (its reference), in every package folder of a
+    # bound Python: hidden
+    places = sites + [q for p in pythons + ["/usr"]
+                      for pattern in ("lib/python*/*-packages", "local/lib/python*/*-packages")
+                      for q in glob.glob(os.path.join(p, pattern))]
+    installed = {r for p in places for pattern in ("tokencredit*", "__pycache__/tokencredit*")
+                 for q in glob.glob(os.path.join(p, pattern)) for r in (q, os.path.realpath(q))}
+    for path in sorted(installed):
         argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
     argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
              "--remount-ro", "/dev", "--chdir", "/tmp"]  # /dev's tmpfs is no second disk
@@ -549,11 +551,19 @@ def test_map(reference: str, tests=None) -> dict:
     return mapping
 
 
+def by_test(tests_of: dict) -> dict:
+    """{test: the names whose tests hold it}, from {name: its tests}; tests in first-seen order."""
+    out = {}
+    for name, tests in tests_of.items():
+        for test in tests:
+            out.setdefault(test, set()).add(name)
+    return out
+
+
 def needs(mapping: dict) -> dict:
     """{test: the exercises it fails without}."""
-    fails = mapping["fails"]
-    return {test: {EXERCISE_OF[name] for name, ts in fails.items() if test in ts}
-            for tests in fails.values() for test in tests}
+    return {test: {EXERCISE_OF[name] for name in names}
+            for test, names in by_test(mapping["fails"]).items()}
 
 
 def scheme(mapping: dict, exercises, in_order: bool) -> dict:
@@ -587,8 +597,7 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
         row["error"] = f"0 points: {named} ({result.get('stopped')})"
     total_points, functions = 0.0, plan["functions"]
-    uses = {t: {name for name, ts in functions.items() if t in ts}  # the functions of k it needs
-            for tests in functions.values() for t in tests}
+    uses = by_test(functions)  # test: the functions of exercise k it needs
     not_run = f"not run: {result.get('stopped') or 'the test did not run'}"
     outcomes = {t: result.get("error") or result["results"].get(t, not_run)  # None: passed
                 for t in uses}
