@@ -99,28 +99,29 @@ def scan(source: str, extra_files=()) -> list:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return flags
-    docstrings = {id(node.value) for node in ast.walk(tree)  # and strings that are statements
-                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}  # (code
-    # kept in one is dropped by the compiler: reading it needs open, __file__ or inspect)
-    given = {id(node.args[0].func) for node in ast.walk(tree)  # the door's own line
+    nodes = list(ast.walk(tree))  # walked once, read by each pass below
+    docstrings = {id(node.value) for node in nodes  # and strings that are statements (code kept
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}  # in
+    # one is dropped by the compiler: reading it needs open, __file__ or inspect)
+    given = {id(node.args[0].func) for node in nodes  # the door's own line
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
              and node.func.id == "_check_inputs" and node.args
              and isinstance(node.args[0], ast.Call) and isinstance(node.args[0].func, ast.Name)
              and node.args[0].func.id == "locals" and not node.args[0].args}
-    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+    modules = {alias.asname or alias.name.split(".")[0] for node in nodes
                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-    while more := {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)  # _t = torch,
-                   and root_of(node.value) in modules for t in node.targets  # torch.Tensor
-                   if isinstance(t, ast.Name)} - modules:
+    assigns = [node for node in nodes if isinstance(node, ast.Assign)]
+    while more := {t.id for node in assigns if root_of(node.value) in modules  # _t = torch,
+                   for t in node.targets if isinstance(t, ast.Name)} - modules:  # torch.Tensor
         modules |= more
-    bound = {getattr(node, "id", None) or getattr(node, "arg", None) or getattr(node, "name", "")
-             for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(  # a name
-                 node.ctx, ast.Store) or isinstance(node, (ast.arg, ast.FunctionDef,  # of the
-                                                          ast.ClassDef))} | modules  # file's own
-    compared = {id(c.func) for node in ast.walk(tree) if isinstance(node, ast.Compare)  # id(a)
-                for c in [node.left, *node.comparators] if isinstance(c, ast.Call)}  # == id(b)
-    calls = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
-    for node in ast.walk(tree):
+    bound = modules | {node.id for node in nodes  # the names the file gives itself
+                       if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)} | {
+        node.arg for node in nodes if isinstance(node, ast.arg)} | {
+        node.name for node in nodes if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    compared = {id(c.func) for node in nodes if isinstance(node, ast.Compare)  # id(a) == id(b)
+                for c in [node.left, *node.comparators] if isinstance(c, ast.Call)}
+    calls = {id(node.func) for node in nodes if isinstance(node, ast.Call)}
+    for node in nodes:
         line = getattr(node, "lineno", 0)
         said = None
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in \
