@@ -128,15 +128,20 @@ def test_the_form_parses_on_python_3_10_with_the_standard_library_only():
     assert [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] == ["exercises"]
 
 
-def test_a_row_of_the_table_that_cannot_be_graded_is_refused_with_a_clear_error():
-    good = ("1.std", 1, 1, 0.866, 0.01, 0, "question")
-    assert written.questions([1], [good])[0]["number"]
-    for bad in (("1 std",) + good[1:], ("1.std", 9) + good[2:], good[:2] + (0,) + good[3:],
-                good[:4] + (-0.01,) + good[5:], good[:6]):
-        with pytest.raises(ValueError, match="a row of QUESTIONS should hold an id"):
-            written.questions([1], [bad])
-    with pytest.raises(ValueError, match=r"an id of its own; got \['1.std'\] twice"):
-        written.questions([1], [good, good])
+def test_each_row_of_the_table_can_be_graded_and_has_an_id_of_its_own():
+    """QUESTIONS is checked here, once: written.questions reads it as it is."""
+    for row in written.QUESTIONS:
+        fits = len(row) == 7 and written.LINE.fullmatch(f"{row[0]}:") and row[1] in EXERCISES \
+            and row[2] > 0 and (isinstance(row[3], str) or row[4] >= 0 and row[5] >= 0)
+        assert fits, ("course/written.py: a row of QUESTIONS should hold an id (letters, digits, "
+                      f"'.', '_', '-'), an exercise of 1-{len(EXERCISES)}, points > 0, and a "
+                      f"number with abs, rel >= 0 or a rubric; got {row}")
+    ids = [row[0] for row in written.QUESTIONS]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    assert not twice, f"course/written.py: each row of QUESTIONS should have an id of its own; " \
+        f"got {twice} twice"
+    assert {row[1] for row in written.QUESTIONS} == set(EXERCISES), \
+        "course/written.py: each exercise should have a question in QUESTIONS"
 
 
 # -----------------------------------------------------------------------------
