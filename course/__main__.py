@@ -67,18 +67,17 @@ def cmd_grade(args) -> None:
     finally:
         grader.close()
     flag_row(rows, flags, args.strict)
-    if where["reference"]:  # an official grade says what isolated the code; a handout's not
+    official = bool(where["reference"])  # else a handout's grade, whose map has no values
+    if official:  # an official grade says what isolated the code
         print(grader.sandbox_line())
     print(f"grading {shown(os.path.abspath(path))}, set {where['set']}, "
           + ("each exercise beside the reference's others, on fresh inputs (seed "
              f"{seed}, this file's; --seed {seed} grades other files on the same inputs)"
-             if where["reference"] else "the file whole, exercises in order"))
+             if official else "the file whole, exercises in order"))
     for line in report.flag_lines(flags):
         print(line)
     print(report.format_rows(rows, args.verbose or bool(args.only)))
-    # the official grade takes the instructor's table; a handout's has no values: only read
-    official = bool(where["reference"])
-    table = None if official else where["mapping"].get("written", [])
+    table = None if official else where["mapping"]["written"]  # a handout's: numbers only read
     answers = written.grade(form, args.only or where["exercises"], table)
     for line in written.lines(*answers, instructor=official):
         print(line)
