@@ -186,13 +186,6 @@ def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
         problems.append(f"{written.FORM} is not this set's blank form")
     if "\nQUESTIONS = ()  # left out" not in texts.get("course/written.py", ""):
         problems.append("course/written.py holds the written answers")
-    for name, text in texts.items():
-        problems += [f"{name} holds a line of {function}'s solution: {line!r}"
-                     for line, function in solution.items() if line in text]
-        problems += [f"{name} holds an answer line: {line.strip()[:60]!r}"
-                     for block in answers for line in block.splitlines()
-                     if len(line.strip()) >= 30 and line.strip() in text
-                     and not line.startswith(("python -m lab", "```", "|---", "## "))]
     tests, repo = ast.parse(texts[TESTS]), read(os.path.join(ROOT, TESTS))
     loops = [n for n in ast.parse(repo).body
              if isinstance(n, ast.FunctionDef) and n.name.startswith("ref_")]
@@ -207,6 +200,12 @@ def scan_handout(out: str, reference: str, exercises, answers: list) -> list:
                 isinstance(n, (ast.For, ast.While, ast.comprehension)) for n in ast.walk(node)):
             problems.append(f"{TESTS}: {node.name} still loops")
     for name, text in texts.items():
+        problems += [f"{name} holds a line of {function}'s solution: {line!r}"
+                     for line, function in solution.items() if line in text]
+        problems += [f"{name} holds an answer line: {line.strip()[:60]!r}"
+                     for block in answers for line in block.splitlines()
+                     if len(line.strip()) >= 30 and line.strip() in text
+                     and not line.startswith(("python -m lab", "```", "|---", "## "))]
         # the handout's README names what it leaves out, course/ lists it, and the tests'
         # comments may cite the project's README: they are code, not a page to follow
         if name in ("README.md", TESTS, HIDDEN) or name.startswith("course/") or \
