@@ -1,7 +1,7 @@
 """What a grade says: one line per exercise, the failing tests with the student's file and line,
 and Gradescope's results.json. The same rows make all three."""
 
-from . import written as written_part
+from . import written
 from .exercises import EXERCISES
 from .grading import blocker
 
@@ -64,20 +64,20 @@ def format_rows(rows: list, verbose: bool) -> str:
 
 
 def flag_lines(flags: list) -> list:
-    return [f"FLAGGED for the instructor: {written_part.printable(flag, one_line=True)}"
+    return [f"FLAGGED for the instructor: {written.printable(flag, one_line=True)}"
             for flag in flags]
 
 
-def gradescope(rows: list, flags=(), written=None) -> dict:
-    """Gradescope's results.json: one entry per exercise, then the written form's (`written`:
+def gradescope(rows: list, flags=(), answers=None) -> dict:
+    """Gradescope's results.json: one entry per exercise, then the written form's (`answers`:
     its rows and problems, course/written.py)."""
     tests = [dict(name=f"exercise {row['k']}: {EXERCISES[row['k']][0]}", score=row["points"],
                   max_score=row["max"], visibility="visible", output="\n".join(
                       [f"{row['passed']}/{row['total']} tests passed"] + notes(row) + details(row)))
              for row in rows]
-    tests += written_part.gradescope_tests(*written) if written else []
+    tests += written.gradescope_tests(*answers) if answers else []
     for test in tests:  # a student's text, escaped where it would not print
-        test["output"] = written_part.printable(test.get("output", ""))
+        test["output"] = written.printable(test.get("output", ""))
     out = dict(score=round(sum(t.get("score", 0) for t in tests), 2), tests=tests)
     if flags:
         out["output"] = "\n".join(flag_lines(flags))
