@@ -192,7 +192,6 @@ def cmd_lecture_figures(out_dir: str) -> None:
             fig, ax = plt.subplots(figsize=(10, 5.6))
             numbers = draw(ax)
             fig.tight_layout()
-            # no date and no matplotlib version: the bytes change only when the figure does
             fig.savefig(os.path.join(out_dir, name), format="svg",
                         metadata={"Date": None, "Creator": None})
             plt.close(fig)
