@@ -41,7 +41,7 @@ def cmd_selfcheck() -> None:
         endless = grader.grade(apply_edits(reference, edits))
     finally:
         grader.close()
-    if any(r["points"] for r in rows) or any(r["passed"] for r in rows):
+    if any(r["points"] or r["passed"] for r in rows):
         problems.append(f"the blank file scores {[r['points'] for r in rows]}")
     print(f"blank file: {sum(r['points'] for r in rows):g} points, "
           f"{sum(r['passed'] for r in rows)} tests passed")
