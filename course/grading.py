@@ -64,7 +64,7 @@ LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise) was reached",
 SANDBOX_UID = 1_500_000_000  # as root, the n-th sandbox runs as uid + n
 NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
               "user and can read, signal and write what it can")
-SAME_NOTE = "the published reference's code, statement for statement (not run): the student's own?"
+SAME_NOTE = "the published reference's code, statement for statement: the student's own?"
 
 
 def read(path: str) -> str:
@@ -634,6 +634,14 @@ def not_written(source: str, names) -> list:
             and "NotImplementedError" in ast.unparse(node.body[-1])]
 
 
+def copies(source: str, reference: str) -> set:
+    """The exercises' functions that source holds as the reference has them, statement for
+    statement (comments and layout aside)."""
+    mine, theirs = functions(source), functions(reference)
+    return {name for name in EXERCISE_OF if name in mine and name in theirs
+            and ast.dump(mine[name]) == ast.dump(theirs[name])}
+
+
 def cross_notes(rows: list, mapping: dict, blank_elsewhere=()) -> None:
     """In a handout: a failing test of k that uses another exercise j that also fails says so. j
     fails when its row does, or, when rows are some of the set's exercises (grade -e), when it is
@@ -680,7 +688,6 @@ class Grader:
         self.tests = tests or test_files()
         self.driver, self.found = None, ()  # found: the last driver's sandbox, () before one
         self.plan = scheme(mapping, self.exercises, self.in_order)
-        self.shapes = {}
 
     def start(self, workers=None, jobs=None) -> None:
         """The judges, with their copy of the tests, before any submission is read, and
@@ -692,28 +699,6 @@ class Grader:
 
     def tests_of(self, k) -> list:
         return sorted({t for ts in self.plan[k]["functions"].values() for t in ts})
-
-    def same_as_reference(self, source: str, k: int) -> bool:
-        """Whether exercise k of this file would run the reference's code exactly: the file is
-        the reference's, statement by statement, but for the bodies of other exercises'
-        functions (which the child replaces by the reference's). Such an exercise needs no run."""
-        if self.reference is None:
-            return False
-        others = set(EXERCISE_OF) - set(exercise_names(k))
-
-        def shape(text):  # each statement's dump, a function's also without its body: once a text
-            if text not in self.shapes:
-                out = []
-                for node in ast.parse(text).body:
-                    bare = isinstance(node, ast.FunctionDef) and ast.dump(ast.FunctionDef(
-                        name=node.name, args=node.args, body=[], returns=node.returns,
-                        decorator_list=node.decorator_list, type_comment=None))
-                    out.append((getattr(node, "name", None), ast.dump(node), bare))
-                self.shapes = {t: v for t, v in self.shapes.items() if t == self.reference}
-                self.shapes[text] = out
-            return [bare if bare and name in others else whole
-                    for name, whole, bare in self.shapes[text]]
-        return shape(source) == shape(self.reference)  # source compiles: grade checked it
 
     def seed_for(self, source: str) -> int:
         """--seed's (a handout's 0), else the file's own: docs/course.md, "One file, one score"."""
@@ -731,31 +716,24 @@ class Grader:
             return [score(self.plan[k], k, dict(results={}, error=f"{type(error).__name__}: "
                                                  f"{error}"), self.mapping["kinds"], self.limits)
                     for k in exercises]
-        same = {k for k in exercises if self.same_as_reference(source, k)}
         seed = self.seed_for(source)
         # the module is tokencredit.py on every route, whatever the file's name
         jobs = [dict(student=source, label="tokencredit.py", names=list(exercise_names(k)),
                      tests=self.tests_of(k), limit=self.limits["time_s"], seed=seed,
                      reference=self.reference and blank(self.reference, [k]),
-                     given=self.mapping["functions"]) for k in exercises if k not in same]
-        ran = []
-        if self.driver is not None:  # a class's: the sandboxes it keeps warm are for jobs to come
-            self.driver.left = max(self.driver.left - len(same), len(jobs))
-        if jobs:
-            self.start(min(2, len(jobs)), len(jobs))  # one grade, if not started
-            try:
-                ran = self.driver.run(jobs)
-            except BaseException:  # the grader's own failure: the next file gets fresh judges
-                self.close()
-                raise
-        rows = []
-        for k in exercises:  # the reference passes every fresh test on every seed (test_score
-            # checks it): a file's points depend on that file alone
-            result = dict(results=dict.fromkeys(self.tests_of(k)), error=None) if k in same \
-                else ran.pop(0)
+                     given=self.mapping["functions"]) for k in exercises]
+        self.start(min(2, len(jobs)), len(jobs))  # one grade's, if not started; a class's keeps
+        self.driver.left = max(self.driver.left, len(jobs))  # sandboxes warm for the jobs to come
+        try:
+            ran = self.driver.run(jobs)
+        except BaseException:  # the grader's own failure: the next file gets fresh judges
+            self.close()
+            raise
+        rows, copied = [], copies(source, self.reference) if self.reference else set()
+        for k, result in zip(exercises, ran):
             result["blank"] = not_written(source, exercise_names(k))
             rows.append(score(self.plan[k], k, result, self.mapping["kinds"], self.limits))
-            if k in same:  # the public repository holds it: full marks, and a word for you
+            if set(exercise_names(k)) <= copied:  # the public repository holds it: a word for you
                 rows[-1]["notes"].append(SAME_NOTE)
         if self.in_order:
             cross_notes(rows, self.mapping, [j for j in self.exercises if j not in exercises

@@ -118,7 +118,7 @@ CRASHES = {  # each stopped a whole grade-all
     # RecursionError
     "c-deep": "\n_x = 1" + "+1" * 100_000 + "\n",
     # a string of 1,500 additions: Python compiles it, but the flag scan's text_of and
-    # same_as_reference's ast.dump recurse past Python's limit (RecursionError)
+    # ast.dump recurse past Python's limit (RecursionError)
     "c-walk": '\n_x = getattr(torch, "a"' + ' + "a"' * 1500 + ')\n',
     # the child reports a "limit" whose name is a format string
     "c-format": JUDGE + '''
