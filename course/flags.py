@@ -25,7 +25,6 @@ ENTROPY = {"seed", "default_rng", "RandomState", "SeedSequence", "BitGenerator",
            "PCG64DXSM", "MT19937", "Philox", "SFC64"}  # called with no seed: the system's entropy
 BY_NAME = {"getattr", "setattr", "delattr", "hasattr", "attrgetter", "methodcaller"}  # (x, name)
 EXTRA_FILES = (".py", ".json", ".pth", ".so", ".pyc", ".cfg", ".ini", ".toml", ".pt")
-BIG_NUMBER = 10 ** 8  # an int this large is a memory bomb's size
 BIG_LITERAL = 2000  # characters of a string, or elements of a literal: stored answers
 
 
@@ -172,22 +171,13 @@ def scan(source: str, extra_files=()) -> list:
                 said = f"reaches {node.attr} through an attribute"
             elif reaches(node.attr):  # a frame's insides, a dunder
                 said = f"uses the attribute {node.attr}"
-        elif isinstance(node, ast.Constant) and id(node) not in docstrings:
-            if isinstance(node.value, (str, bytes)) and len(node.value) > BIG_LITERAL:
-                said = f"holds a literal of {len(node.value)} characters (stored answers?)"
-            elif type(node.value) is int and abs(node.value) >= BIG_NUMBER:
-                said = f"uses the number {node.value} (a memory bomb's size?)"
+        elif isinstance(node, ast.Constant) and id(node) not in docstrings and isinstance(
+                node.value, (str, bytes)) and len(node.value) > BIG_LITERAL:
+            said = f"holds a literal of {len(node.value)} characters (stored answers?)"
         elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
             size = len(node.keys if isinstance(node, ast.Dict) else node.elts)
             if size > BIG_LITERAL // 10:
                 said = f"holds a literal of {size} elements (stored answers?)"
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and all(
-                isinstance(x, ast.Constant) and type(x.value) is int
-                for x in (node.left, node.right)):
-            if 0 <= node.right.value < 200 and min(abs(node.left.value), BIG_NUMBER) ** \
-                    node.right.value >= BIG_NUMBER:  # a 4,000-digit base is not raised
-                said = f"uses the number {node.left.value} ** {node.right.value} " \
-                       f"(a memory bomb's size?)"
         if said:
             flags.append(f"line {line}: {said}")
     return sorted(set(flags), key=lambda f: (not f.startswith("line"), int(
