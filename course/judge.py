@@ -158,15 +158,11 @@ class Session:
         self.called.update(n for n in header.get("called", []) if isinstance(n, str))
         outs = [i for i, t in enumerate(tensors) if t.requires_grad]
         ins = [t for t in sent if t.requires_grad]
-        plain = [t.detach() for t in tensors]
-        if outs and ins:
+        plain = [t.detach().requires_grad_(t.requires_grad) for t in tensors]  # leaves, not views
+        if outs and ins:  # then linked to the inputs through the child's graph
             linked = Remote.apply((self, call_id, [plain[i] for i in outs]), *ins)
-            linked = linked if isinstance(linked, tuple) else (linked,)
-            for i, t in zip(outs, linked):
+            for i, t in zip(outs, linked if isinstance(linked, tuple) else (linked,)):
                 plain[i] = t
-        elif outs:
-            for i in outs:
-                plain[i] = plain[i].requires_grad_()
         self.returned.update((id(t), weakref.ref(t)) for t in plain)
         return protocol.decode(header["value"], plain)
 
@@ -358,9 +354,8 @@ class Worker:
                     result = False  # empty answer would be "close" to every expected value
                 if not result and both:
                     session = self.session
-                    def came(x):
-                        ref = session.returned.get(id(x)) if session else None
-                        return ref is not None and ref() is x
+                    def came(x):  # from the child (weakly: not a later tensor with its id)
+                        return session.returned.get(id(x), lambda: None)() is x
                     got_first = session is None or came(a) or not came(b)
                     note = first_difference(a, b, got_first)
                     if note:
@@ -422,7 +417,7 @@ class Worker:
         results, error = {}, None
         limits = self.config["limits"]
         session = None
-        self.called = {}
+        calls = {}  # test: the functions it called
         try:
             session = Session(self.zygote, dict(limits=limits), float(job["limit"]))
             self.module._session = self.session = session
@@ -450,13 +445,13 @@ class Worker:
                 reports = runner.runtestprotocol(item, nextitem=None, log=False)
                 failed = [r for r in reports if r.failed]
                 results[name] = self.failure(failed[0], session) if failed else None
-                self.called[name] = sorted(session.called)
+                calls[name] = sorted(session.called)
         if session is not None:
             session.kill()
         return dict(id=job["id"], results=results, error=error,
                     limit=session.limit if session else None,
                     stopped=session.dead if session else None,
-                    calls=self.called if job.get("trace") else {},
+                    calls=calls if job.get("trace") else {},
                     snapshots=self.snapshots if job.get("record") else {})
 
     def failure(self, report, session) -> str:
