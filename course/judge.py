@@ -462,18 +462,15 @@ class Worker:
         frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')
                   and not ln.startswith(f'  File "{here}')
                   and "/_pytest/" not in ln and "/torch/" not in ln]
-        out = []
         if frames:
             found = re.match(r'  File "(.*)", line (\d+), in (.*)', lines[frames[-1]])
-            if found:
-                out.append(f"{os.path.basename(found.group(1))}:{found.group(2)} "
-                           f"({found.group(3)})")
+            out = [f"{os.path.basename(found[1])}:{found[2]} ({found[3]})"] if found else []
             out += [ln.rstrip() for ln in lines[frames[-1] + 1:]
                     if ln.strip() and not ln.startswith(("  File", "    ", "Traceback",
                                                          "During handling", "The above"))
                     and not re.search(r"<(built-in method|function) \S+ (of|at) ", ln)]
         else:
-            out += [ln.rstrip() for ln in lines[-8:]]
+            out = [ln.rstrip() for ln in lines[-8:]]
         first = next((i for i, ln in enumerate(out)
                       if re.match(r"\w+(Error|Exception|Limit)\b", ln)), len(out) - 1)
         out[first + 1:first + 1] = self.diff[:2]  # the first differing values, before the rest
