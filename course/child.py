@@ -108,8 +108,7 @@ def child(spec: dict, fd: int, work: str) -> None:
     """Limits, an empty folder, then serve the judge on fd."""
     os.setsid()
     limits = spec["limits"]
-    memory = vm_size() + int(limits["memory_mb"]) * 2 ** 20
-    for which, value in ((resource.RLIMIT_AS, memory),
+    for which, value in ((resource.RLIMIT_AS, vm_size() + int(limits["memory_mb"]) * 2 ** 20),
                          (resource.RLIMIT_FSIZE, int(limits["file_mb"]) * 2 ** 20),
                          (resource.RLIMIT_CPU, int(limits["cpu_s"])),
                          (resource.RLIMIT_CORE, 0),
