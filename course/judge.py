@@ -293,11 +293,9 @@ class Zygote:
     def why(self, pid: int) -> tuple:
         """(limit, why) for a child that closed its line: from its exit status."""
         deadline = time.monotonic() + 2
-        while pid not in self.exits and time.monotonic() < deadline:
-            try:
+        with contextlib.suppress(OSError, EOFError):  # the zygote gone: no status to come
+            while pid not in self.exits and time.monotonic() < deadline:
                 self.lines(0.1)
-            except (OSError, EOFError):
-                break
         status = self.exits.pop(pid, None)
         if status is None:
             return "died", "it closed its line to the grader"
