@@ -588,9 +588,8 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     "Points" says."""
     row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={},
                blank=[name for name in plan["functions"] if name in result.get("blank", ())],
-               limit=None, error=result.get("error"), notes=[])
-    if result.get("limit"):
-        row["limit"] = result["limit"]
+               limit=result.get("limit"), error=result.get("error"), notes=[])
+    if row["limit"]:
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
         row["error"] = f"0 points: {named} ({result.get('stopped')})"
     total_points, functions = 0.0, plan["functions"]
