@@ -12,6 +12,7 @@ new empty folder, and only then reads the student's file and runs it. It answers
 kill a child.
 """
 
+import contextlib
 import ctypes
 import json
 import linecache
@@ -56,16 +57,14 @@ def zygote(fd: int, work: str) -> None:
     children = set()
     while True:
         ready, _, _ = select.select([control], [], [], 0.05)
-        while True:  # each child's end, so the judge can say why; as pid 1, orphans' too
-            try:
+        with contextlib.suppress(ChildProcessError):  # none left
+            while True:  # each child's end, so the judge can say why; as pid 1, orphans' too
                 pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:  # none left
-                break
-            if not pid:
-                break
-            if pid in children:
-                children.discard(pid)
-                control.sendall(json.dumps(dict(exit=pid, status=status)).encode() + b"\n")
+                if not pid:
+                    break
+                if pid in children:
+                    children.discard(pid)
+                    control.sendall(json.dumps(dict(exit=pid, status=status)).encode() + b"\n")
         if not ready:
             continue
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
@@ -73,24 +72,20 @@ def zygote(fd: int, work: str) -> None:
             os._exit(0)
         spec = json.loads(message)
         if "kill" in spec:  # the judge is done with this child
-            for f in fds:
-                os.close(f)
-            try:
+            with contextlib.suppress(OSError, TypeError):
                 os.killpg(spec["kill"], signal.SIGKILL)  # the child leads its own group
-            except (OSError, TypeError):
-                pass
-            continue
-        pid = os.fork()
-        if pid == 0:
-            try:
-                control.close()
-                child(spec, fds[0], work)
-            finally:
-                os._exit(70)
-        for f in fds:
+        else:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    control.close()
+                    child(spec, fds[0], work)
+                finally:
+                    os._exit(70)
+            children.add(pid)
+            control.sendall(json.dumps(dict(pid=pid)).encode() + b"\n")
+        for f in fds:  # the child's line, its own now (a kill comes with none)
             os.close(f)
-        children.add(pid)
-        control.sendall(json.dumps(dict(pid=pid)).encode() + b"\n")
 
 
 def same_bits(a, b) -> bool:
@@ -113,8 +108,7 @@ def child(spec: dict, fd: int, work: str) -> None:
     """Limits, an empty folder, then serve the judge on fd."""
     os.setsid()
     limits = spec["limits"]
-    memory = vm_size() + int(limits["memory_mb"]) * 2 ** 20
-    for which, value in ((resource.RLIMIT_AS, memory),
+    for which, value in ((resource.RLIMIT_AS, vm_size() + int(limits["memory_mb"]) * 2 ** 20),
                          (resource.RLIMIT_FSIZE, int(limits["file_mb"]) * 2 ** 20),
                          (resource.RLIMIT_CPU, int(limits["cpu_s"])),
                          (resource.RLIMIT_CORE, 0),
@@ -171,9 +165,8 @@ class Child:
 
     def load(self, job: dict) -> None:
         self.label = job["label"]
-        reference = None
-        if job.get("reference") is not None:
-            reference = self.module_from(job["reference"], "reference.py", "tokencredit")
+        reference = None if job.get("reference") is None else self.module_from(
+            job["reference"], "reference.py", "tokencredit")
         student = self.module_from(job["student"], self.label,
                                    "student_tokencredit" if reference else "tokencredit")
         names = job["names"]
@@ -186,9 +179,7 @@ class Child:
             for name in job["given"]:  # and the student's call the reference's other functions
                 if name not in names and hasattr(reference, name):
                     setattr(student, name, getattr(reference, name))
-            self.module = reference
-        else:
-            self.module = student
+        self.module = student if reference is None else reference
         if job.get("trace"):
             for module in {id(m): m for m in (self.module, student)}.values():
                 for name in job["trace"]:
@@ -229,12 +220,9 @@ class Child:
         grads_out = [t for t in sent if t.requires_grad]
         if grads_in and grads_out:
             self.graphs[header["id"]] = (grads_in, grads_out)
-        mutated = []
-        for i, t in enumerate(tensors):
-            if not same_bits(t.detach(), before[i]):
-                _, table2, blobs2, _ = protocol.encode(t)
-                mutated.append([i, len(out_blobs)])
-                out_blobs.append(blobs2[0])
+        changed = [i for i, t in enumerate(tensors) if not same_bits(t.detach(), before[i])]
+        mutated = [[i, len(out_blobs) + n] for n, i in enumerate(changed)]  # [input, its blob]
+        out_blobs += [protocol.encode(tensors[i])[2][0] for i in changed]  # its bytes
         self.send(dict(op="return", value=value, tensors=table, mutated=mutated,
                        called=sorted(self.called)), out_blobs)
 
@@ -267,10 +255,9 @@ class Child:
                 and "memory" in str(error).lower()):
             self.send(dict(op="limit", which="memory"))
             os._exit(0)
-        where = []
-        for frame in traceback.extract_tb(error.__traceback__):
-            if frame.filename in (self.label, "reference.py"):
-                where.append([frame.filename, frame.lineno, frame.name, (frame.line or "")[:200]])
+        where = [[frame.filename, frame.lineno, frame.name, (frame.line or "")[:200]]
+                 for frame in traceback.extract_tb(error.__traceback__)
+                 if frame.filename in (self.label, "reference.py")]
         try:
             message = str(error)[:4000]
         except Exception:  # noqa: BLE001 -- a message that cannot be made

@@ -195,16 +195,15 @@ def memory_cgroup():
         cgroup = dict(folder=("/sys/fs/cgroup/memory" if version == 1 else "/sys/fs/cgroup")
                       + path, version=version)
         probe = os.path.join(cgroup["folder"], f"course-probe-{os.getpid()}")
-        try:  # what start_box and Driver.warm do: a limit, and a process started in it
-            os.mkdir(probe)
-            cap(cgroup, probe, 1 << 30)
-            subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
-            return cgroup
-        except (OSError, subprocess.SubprocessError):
-            continue
-        finally:
-            with contextlib.suppress(OSError):  # else left empty: harmless
-                os.rmdir(probe)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):  # then the next, if any
+            try:  # what start_box and Driver.warm do: a limit, and a process started in it
+                os.mkdir(probe)
+                cap(cgroup, probe, 1 << 30)
+                subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
+                return cgroup
+            finally:
+                with contextlib.suppress(OSError):  # else left empty: harmless
+                    os.rmdir(probe)
     return None
 
 
@@ -238,7 +237,7 @@ class Driver:
     def __init__(self, tests: dict, seed: int, consts: dict, function_names, limits=None,
                  workers=None, jobs=None, reuse=False):
         self.limits = dict(LIMITS, **(limits or {}))
-        self.workers, self.pool, self.stale = workers or 2, [], []
+        self.stale = []  # the cgroups of dropped sandboxes, until `reap` removes them
         self.sandbox = find_sandbox()
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
@@ -246,10 +245,9 @@ class Driver:
         os.makedirs(self.code, mode=0o755)
         for name in ("child.py", "protocol.py"):
             shutil.copy(os.path.join(HERE, name), self.code)
-        # warm sandboxes no job has used (about 150 MB each), 4 at most, fewer if fewer jobs are
-        # still to come (jobs: how many it runs at most, None: no end known), so that a class's
-        # next submission's warm up while one is graded; reuse (the map's jobs, the reference's
-        # own code): a worker's sandbox serves all its jobs
+        # sandboxes warm ahead (`give_box`; about 150 MB each): a class's next submission's warm
+        # up while one is graded; jobs: how many it runs at most (None: no end known); reuse (the
+        # map's jobs, the reference's own code): a worker's sandbox serves all its jobs
         self.left, self.started, self.ids = math.inf if jobs is None else jobs, 0, 0
         self.reuse = reuse
         self.boxes = [self.start_box() for _ in range(min(self.left, 4))]
@@ -261,7 +259,7 @@ class Driver:
                            files=[n for n in tests if n.endswith(".py")], seed=seed,
                            constants=consts, functions=list(function_names), limits=self.limits)
         self.tests = None
-        self.pool = self.start_workers(self.workers)
+        self.pool = self.start_workers(workers or 2)
 
     def start_box(self) -> dict:
         """A fresh sandbox (bwrap's, when there is one) with a zygote (course/child.py) in it that
@@ -420,8 +418,7 @@ class Driver:
         while len(results) < len(jobs):
             for i, worker in enumerate(self.pool):
                 if worker["job"] is None and todo[i]:
-                    job = todo[i].pop(0)
-                    worker["job"] = job
+                    job = worker["job"] = todo[i].pop(0)
                     with contextlib.suppress(OSError):  # a dead worker: its deadline says so
                         self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
@@ -435,8 +432,7 @@ class Driver:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         box = worker["box"]
                         if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
-                            # its cgroup (capped before this job, a student's only one) ran out
-                            # of memory
+                            # its cgroup (this job's alone, capped before it) ran out of memory
                             message.update(limit="memory", stopped="the kernel killed it")
                         results[message["id"]] = message
                         worker["job"] = None
@@ -590,10 +586,10 @@ def blocker(failure):
 def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     """Exercise k's row: each function's share (EXERCISES) by its tests, as docs/course.md's
     "Points" says."""
-    row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={}, blank=[],
-               limit=None, error=result.get("error"), notes=[])
-    if result.get("limit"):
-        row["limit"] = result["limit"]
+    row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={},
+               blank=[name for name in plan["functions"] if name in result.get("blank", ())],
+               limit=result.get("limit"), error=result.get("error"), notes=[])
+    if row["limit"]:
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
         row["error"] = f"0 points: {named} ({result.get('stopped')})"
     total_points, functions = 0.0, plan["functions"]
@@ -615,8 +611,6 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
             got = min(got, share / 4)
         if any(kinds.get(t) == "fresh" for t in bad):
             got = 0.0
-        if name in result.get("blank", ()):
-            row["blank"].append(name)
         row["per_function"][name] = (len(counted) - len(bad), len(counted), round(got, 2), share)
         total_points += got
     row["failed"], row["waiting"], row["total"] = failed, waiting, len(uses) - len(waiting)
@@ -760,8 +754,8 @@ class Grader:
 
 
 def zero_rows(exercises, why: str) -> list:
-    return [dict(k=k, points=0.0, max=exercise_points(k), passed=0, total=0, failed={},
-                 waiting={}, per_function={}, blank=[], limit=None, error=why, notes=[])
+    """0 points, and why (a file not read, say): score's rows for no tests."""
+    return [score(dict(functions={}, later={}), k, dict(results={}, error=why), {}, LIMITS)
             for k in exercises]
 
 
@@ -769,9 +763,10 @@ SOURCE_LIMIT = 2 ** 20  # bytes of a submission's tokencredit.py read at most
 NESTING_LIMIT = 100  # levels of its syntax tree (the reference has 15): the grader's walks recurse
 
 
-def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
-    """A student's file as text, read only as docs/instructors.md says (a regular file, `limit`
-    bytes, decoded as Python decodes a module, NESTING_LIMIT levels); else ValueError says why."""
+def read_submission(path: str) -> str:
+    """A student's file as text, read only as docs/instructors.md says (a regular file,
+    SOURCE_LIMIT bytes, decoded as Python decodes a module, NESTING_LIMIT levels); else
+    ValueError says why."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
@@ -781,10 +776,10 @@ def read_submission(path: str, limit=SOURCE_LIMIT) -> str:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{shown(path)} is not a regular file (a FIFO, a device, a "
                              "folder): not read")
-        data = f.read(limit + 1)
+        data = f.read(SOURCE_LIMIT + 1)
     try:
-        if len(data) > limit:
-            raise ValueError(f"over {limit} bytes")
+        if len(data) > SOURCE_LIMIT:
+            raise ValueError(f"over {SOURCE_LIMIT} bytes")
         text = importlib.util.decode_source(data)
     except (ValueError, SyntaxError, LookupError) as error:  # a bad coding line, say
         raise ValueError(f"{shown(path)} is not read: {error}") from None

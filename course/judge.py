@@ -158,15 +158,11 @@ class Session:
         self.called.update(n for n in header.get("called", []) if isinstance(n, str))
         outs = [i for i, t in enumerate(tensors) if t.requires_grad]
         ins = [t for t in sent if t.requires_grad]
-        plain = [t.detach() for t in tensors]
-        if outs and ins:
+        plain = [t.detach().requires_grad_(t.requires_grad) for t in tensors]  # leaves, not views
+        if outs and ins:  # then linked to the inputs through the child's graph
             linked = Remote.apply((self, call_id, [plain[i] for i in outs]), *ins)
-            linked = linked if isinstance(linked, tuple) else (linked,)
-            for i, t in zip(outs, linked):
+            for i, t in zip(outs, linked if isinstance(linked, tuple) else (linked,)):
                 plain[i] = t
-        elif outs:
-            for i in outs:
-                plain[i] = plain[i].requires_grad_()
         self.returned.update((id(t), weakref.ref(t)) for t in plain)
         return protocol.decode(header["value"], plain)
 
@@ -297,11 +293,9 @@ class Zygote:
     def why(self, pid: int) -> tuple:
         """(limit, why) for a child that closed its line: from its exit status."""
         deadline = time.monotonic() + 2
-        while pid not in self.exits and time.monotonic() < deadline:
-            try:
+        with contextlib.suppress(OSError, EOFError):  # the zygote gone: no status to come
+            while pid not in self.exits and time.monotonic() < deadline:
                 self.lines(0.1)
-            except (OSError, EOFError):
-                break
         status = self.exits.pop(pid, None)
         if status is None:
             return "died", "it closed its line to the grader"
@@ -358,9 +352,8 @@ class Worker:
                     result = False  # empty answer would be "close" to every expected value
                 if not result and both:
                     session = self.session
-                    def came(x):
-                        ref = session.returned.get(id(x)) if session else None
-                        return ref is not None and ref() is x
+                    def came(x):  # from the child (weakly: not a later tensor with its id)
+                        return session.returned.get(id(x), lambda: None)() is x
                     got_first = session is None or came(a) or not came(b)
                     note = first_difference(a, b, got_first)
                     if note:
@@ -422,7 +415,7 @@ class Worker:
         results, error = {}, None
         limits = self.config["limits"]
         session = None
-        self.called = {}
+        calls = {}  # test: the functions it called
         try:
             session = Session(self.zygote, dict(limits=limits), float(job["limit"]))
             self.module._session = self.session = session
@@ -450,13 +443,13 @@ class Worker:
                 reports = runner.runtestprotocol(item, nextitem=None, log=False)
                 failed = [r for r in reports if r.failed]
                 results[name] = self.failure(failed[0], session) if failed else None
-                self.called[name] = sorted(session.called)
+                calls[name] = sorted(session.called)
         if session is not None:
             session.kill()
         return dict(id=job["id"], results=results, error=error,
                     limit=session.limit if session else None,
                     stopped=session.dead if session else None,
-                    calls=self.called if job.get("trace") else {},
+                    calls=calls if job.get("trace") else {},
                     snapshots=self.snapshots if job.get("record") else {})
 
     def failure(self, report, session) -> str:
@@ -467,18 +460,15 @@ class Worker:
         frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')
                   and not ln.startswith(f'  File "{here}')
                   and "/_pytest/" not in ln and "/torch/" not in ln]
-        out = []
         if frames:
             found = re.match(r'  File "(.*)", line (\d+), in (.*)', lines[frames[-1]])
-            if found:
-                out.append(f"{os.path.basename(found.group(1))}:{found.group(2)} "
-                           f"({found.group(3)})")
+            out = [f"{os.path.basename(found[1])}:{found[2]} ({found[3]})"] if found else []
             out += [ln.rstrip() for ln in lines[frames[-1] + 1:]
                     if ln.strip() and not ln.startswith(("  File", "    ", "Traceback",
                                                          "During handling", "The above"))
                     and not re.search(r"<(built-in method|function) \S+ (of|at) ", ln)]
         else:
-            out += [ln.rstrip() for ln in lines[-8:]]
+            out = [ln.rstrip() for ln in lines[-8:]]
         first = next((i for i, ln in enumerate(out)
                       if re.match(r"\w+(Error|Exception|Limit)\b", ln)), len(out) - 1)
         out[first + 1:first + 1] = self.diff[:2]  # the first differing values, before the rest
