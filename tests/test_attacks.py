@@ -55,7 +55,8 @@ for _i in range(48):
 raise ValueError(f"held {_n} bytes")
 ''',
     # 4 forked processes, each writing 300 MB (RLIMIT_AS is per process; 64 processes are
-    # allowed), held at once; says how much
+    # allowed), held at once; says how much once each has written its 300 MB or died (it waited
+    # 10 s for a process the limit had killed)
     "a-forkmem": '''
 import os as _os, select as _select, time as _time
 _r, _w = _os.pipe()
@@ -70,10 +71,12 @@ for _i in range(4):
         finally:
             _os._exit(0)
     _kids.append(_pid)
-_got = 0
-while _got < len(_kids) and _select.select([_r], [], [], 10)[0]:
-    _got += len(_os.read(_r, 1))
-_alive = sum(_os.waitpid(_pid, _os.WNOHANG) == (0, 0) for _pid in _kids)  # none killed since
+_got, _dead, _end = 0, set(), _time.time() + 10
+while _got + len(_dead) < len(_kids) and _time.time() < _end:
+    if _select.select([_r], [], [], 0.1)[0]:
+        _got += len(_os.read(_r, 1))
+    _dead |= {_p for _p in _kids if _p not in _dead and _os.waitpid(_p, _os.WNOHANG) != (0, 0)}
+_alive = len(_kids) - len(_dead)  # none of them killed since: each writes, then sleeps 5 s
 raise ValueError(f"held {_alive * (300 << 20)} bytes in {_alive} processes")
 ''',
     # empty files in /tmp (the size limit counts bytes, not files: each costs the kernel ~1 KB),
