@@ -18,7 +18,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import textwrap
 import time
 import unicodedata
 import zipfile
@@ -28,7 +27,7 @@ import pytest
 from course import grading
 from course.flags import scan
 from test_sandbox import (BASE, CORRECT, JUDGE, PY, ROOT, SEED, as_tester, descendants, fill,
-                          rows_of, run)
+                          in_exercise_1, rows_of, run)
 
 SANDBOX = grading.find_sandbox()
 pytestmark = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
@@ -135,13 +134,8 @@ _judge().sendall(_struct.pack("!II", len(_h), 0) + _h)
 LONG = "\u5f20\u4f1f" * 15  # a student's name of 30 CJK characters (90 bytes): 270 when quoted
 
 
-ONCE = ("a-devshm", "a-memfd", "a-forkmem", "a-inodes")  # each sandbox has its own limits, so
-# these run in exercise 1's job only (its copy of the reference has exercise 1 blank): 3 runs of
+ONCE = ("a-devshm", "a-memfd", "a-forkmem", "a-inodes")  # in exercise 1's job only: 3 runs of
 # each, one per exercise, tried nothing more and took a minute
-IN_EXERCISE_1 = """
-import linecache as _lc
-if 'NotImplementedError("exercise 1:' in "".join((_lc.cache.get("reference.py") or (0, 0, []))[2]):
-"""
 
 
 def write_attacks(folder, names) -> None:
@@ -149,7 +143,7 @@ def write_attacks(folder, names) -> None:
     for name in names:
         code = {**ATTACKS, **CRASHES}[name]
         if name in ONCE:
-            code = IN_EXERCISE_1 + textwrap.indent(code, "    ")
+            code = in_exercise_1(code)
         (folder / f"{name}.py").write_text(BASE + code)
     (folder / "zz-correct.py").write_text(CORRECT)
     (folder / "zz-blank.py").write_text(BASE)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import zipfile
 
@@ -137,10 +138,23 @@ print("at load \\udcff")
 }
 
 
+IN_EXERCISE_1 = """
+import linecache as _lc
+if 'NotImplementedError("exercise 1:' in "".join((_lc.cache.get("reference.py") or (0, 0, []))[2]):
+"""
+
+
+def in_exercise_1(code: str) -> str:
+    """code run in exercise 1's job only (its copy of the reference has exercise 1 blank): each
+    sandbox has its own limits, so the same attack in the other exercises' jobs tries nothing
+    more, and takes their time."""
+    return IN_EXERCISE_1 + textwrap.indent(code, "    ")
+
+
 # forks without end (each process forks again at once) for 30 s; its own cap of 100 processes,
 # should the process limit fail, keeps it from hurting the machine (a check and a fork race, so up
-# to twice that); then says the most processes its sandbox's /proc showed
-FORK_BOMB = '''
+# to twice that); then says the most processes its sandbox's /proc showed; in exercise 1
+FORK_BOMB = in_exercise_1('''
 import os as _os, time as _time
 def _count():
     return len([_p for _p in _os.listdir("/proc") if _p.isdigit()])
@@ -163,7 +177,7 @@ if _leader == 0:
 _time.sleep(4)
 _seen = max(_count() for _ in range(5) if not _time.sleep(0.2))
 raise ValueError(f"saw {_seen} processes")
-'''
+''')
 CORRECT = REFERENCE.replace(  # correct, and run: not a copy of the reference
     "\ndef group_advantages(", "\n_differs = 1\n\n\ndef group_advantages(")
 
