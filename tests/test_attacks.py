@@ -26,8 +26,8 @@ import pytest
 
 from course import grading
 from course.flags import scan
-from test_sandbox import (BASE, CORRECT, JUDGE, PY, ROOT, SEED, as_tester, descendants, fill,
-                          in_exercise_1, rows_of, run)
+from test_sandbox import (BASE, CORRECT, JUDGE, PY, ROOT, SEED, descendants, fill,
+                          graded_as_tester, in_exercise_1, rows_of, run)
 
 SANDBOX = grading.find_sandbox()
 pytestmark = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
@@ -138,13 +138,15 @@ ONCE = ("a-devshm", "a-memfd", "a-forkmem", "a-inodes")  # in exercise 1's job o
 # each, one per exercise, tried nothing more and took a minute
 
 
+def attack_text(name: str) -> str:
+    code = {**ATTACKS, **CRASHES}[name]
+    return BASE + (in_exercise_1(code) if name in ONCE else code)
+
+
 def write_attacks(folder, names) -> None:
     folder.mkdir()
     for name in names:
-        code = {**ATTACKS, **CRASHES}[name]
-        if name in ONCE:
-            code = in_exercise_1(code)
-        (folder / f"{name}.py").write_text(BASE + code)
+        (folder / f"{name}.py").write_text(attack_text(name))
     (folder / "zz-correct.py").write_text(CORRECT)
     (folder / "zz-blank.py").write_text(BASE)
 
@@ -412,29 +414,18 @@ def test_the_flag_scan_sees_native_code_and_files_reached_through_torch_and_nump
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
                     or not shutil.which("setpriv"), reason="needs root to become tester")
 def test_as_an_ordinary_user_too():
-    """/dev as `tester` (a sandbox under the grader's own uid), beside memfd and forked memory
-    (not limited: PER_PROCESS), a correct classmate and the format-string limit."""
+    """As `tester`, in one class with test_sandbox's (graded_as_tester: issue 42's attacks, grade
+    PATH and the bundle): /dev (a sandbox under the grader's own uid), beside memfd and forked
+    memory (not limited: PER_PROCESS) and the format-string limit."""
     try:
         tester = pwd.getpwnam("tester")
     except KeyError:
         pytest.skip("no user tester")
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="course-attacks-"))
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="course-tester-"))  # pytest's is root's
     try:
-        kit = tmp / "kit"
-        (kit / "tests").mkdir(parents=True)
-        for name in ("course", ".course-cache"):
-            shutil.copytree(os.path.join(ROOT, name), kit / name)
-        for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
-            shutil.copy(os.path.join(ROOT, name), kit / name)
-        write_attacks(tmp / "class", ["a-devshm", "a-memfd", "a-forkmem", "c-format"])
-        for path in [tmp, *tmp.rglob("*")]:
-            os.lchown(path, tester.pw_uid, tester.pw_gid)
-        done = as_tester([PY, "-m", "course", "grade-all", str(tmp / "class"), "--set", "grpo",
-                          "--seed", str(SEED), "--memory-limit", str(MEMORY_MB), "--csv",
-                          str(tmp / "g.csv")], kit)
-        assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done.stderr[-2000:]
-        rows = rows_of(tmp / "g.csv")
-        assert rows["zz-correct"]["total"] == "30.00"
+        more = {f"{name}.py": attack_text(name)
+                for name in ("a-devshm", "a-memfd", "a-forkmem", "c-format")}
+        rows = graded_as_tester(tmp, tester, more, ["--memory-limit", str(MEMORY_MB)])
         assert number_in(rows["a-devshm"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
     finally:
         shutil.rmtree(tmp)

@@ -2,21 +2,19 @@
 no more than its base (a blank: 0) from `grade-all`, `grade PATH` and the bundle; classmates keep
 their grades; nothing crashes or hangs. One class run holds most of the attacks.
 
-Needs bubblewrap (bwrap) that can run here; the run as an ordinary user needs root (to become
-`tester`; grade-all, grade PATH and the bundle) and is skipped otherwise.
+Needs bubblewrap (bwrap) that can run here. The run as an ordinary user (`tester`: grade-all,
+grade PATH and the bundle; graded_as_tester) runs in tests/test_attacks.py, its class shared with
+that file's attacks; it needs root and is skipped otherwise.
 """
 
 import csv
 import json
 import os
-import pathlib
 import platform
-import pwd
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import zipfile
@@ -425,21 +423,11 @@ def as_tester(command: list, home) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
-                    or not shutil.which("setpriv"), reason="needs root to become tester")
-def test_an_ordinary_user_grades_in_sandboxes_too():
-    try:
-        tester = pwd.getpwnam("tester")
-    except KeyError:
-        pytest.skip("no user tester")
-    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="course-tester-"))  # pytest's is root's
-    try:
-        graded_as_tester(tmp_path, tester)
-    finally:
-        shutil.rmtree(tmp_path)
-
-
-def graded_as_tester(tmp_path, tester) -> None:
+def graded_as_tester(tmp_path, tester, more: dict, options: list) -> dict:
+    """An ordinary user grades in sandboxes too: grade-all, grade PATH and the bundle, as `tester`
+    (root to become it). tests/test_attacks.py's test_as_an_ordinary_user_too runs this, with its
+    own attacks in the same class (more: {file name: text}; options: grade-all's, its memory
+    limit): one grade-all as tester for both files. The class's rows."""
     kit = tmp_path / "kit"  # the course kit where tester can read it, with its cached map
     (kit / "tests").mkdir(parents=True)
     for name in ("course", ".course-cache"):
@@ -447,14 +435,16 @@ def graded_as_tester(tmp_path, tester) -> None:
     for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
         shutil.copy(os.path.join(ROOT, name), kit / name)
     attacks = ("a-zombie", "a-leftover", "a-proc")  # those that reach past their own process
-    before = write_class(tmp_path / "class", classmates=False, attacks=attacks)
+    write_class(tmp_path / "class", classmates=False, attacks=attacks)
     (tmp_path / "class" / "a-bomb.py").write_text(BASE + FORK_BOMB)  # tester's uid, not root's
-    before["a-bomb.py"] = (tmp_path / "class" / "a-bomb.py").read_bytes()
+    for name, text in more.items():
+        (tmp_path / "class" / name).write_text(text)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "class").iterdir() if p.is_file()}
     (tmp_path / "bin").mkdir()  # no bwrap on this PATH
     for path in [tmp_path, *tmp_path.rglob("*")]:
         os.lchown(path, tester.pw_uid, tester.pw_gid)
     grade_all = [PY, "-m", "course", "grade-all", str(tmp_path / "class"), "--set", "grpo",
-                 "--seed", str(SEED), "--csv", str(tmp_path / "grades.csv")]
+                 "--seed", str(SEED), "--csv", str(tmp_path / "grades.csv"), *options]
     refused = as_tester(["/usr/bin/env", f"PATH={tmp_path / 'bin'}"] + grade_all, kit)
     assert refused.returncode != 0 and b"--no-sandbox-ok" in refused.stderr, refused
     done = as_tester(grade_all, kit)
@@ -486,6 +476,7 @@ def graded_as_tester(tmp_path, tester) -> None:
                       str(root / "source" / "run_autograder")], kit)
     assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done
     assert json.loads((root / "results" / "results.json").read_text())["score"] == 0, done
+    return rows
 
 
 def test_without_a_sandbox_grade_all_refuses_unless_told_and_says_so(tmp_path):
