@@ -1,8 +1,8 @@
 """Kinds of attack that issue 42 does not name, tried against the grader that landed for it: each
 test is written from its attack's description, and was red on the grader it was written against
-(commit 8ac218e). One class run (`attacked`) holds most of them; a small class (`crashed`) the
-four that stopped a whole grade-all; `grade PATH` runs, a bundle without a sandbox and a run as
-the ordinary user `tester` check the rest. A student's code is BASE (the grpo handout's blank
+(commit 8ac218e). One class run (`attacked`) holds most of them, the four that stopped a whole
+grade-all among them; `grade PATH` runs, a bundle without a sandbox and a run as the ordinary user
+`tester` check the rest. A student's code is BASE (the grpo handout's blank
 file) plus the attack, unless said. Run alone: about 80 s under load today, where the crashes
 end early; more once they are fixed.
 
@@ -18,7 +18,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import textwrap
 import time
 import unicodedata
 import zipfile
@@ -27,8 +26,8 @@ import pytest
 
 from course import grading
 from course.flags import scan
-from test_sandbox import (BASE, CORRECT, JUDGE, PY, ROOT, SEED, as_tester, descendants, fill,
-                          rows_of, run)
+from test_sandbox import (BASE, CORRECT, JUDGE, PY, ROOT, SEED, descendants, fill,
+                          graded_as_tester, in_exercise_1, rows_of, run)
 
 SANDBOX = grading.find_sandbox()
 pytestmark = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
@@ -55,7 +54,8 @@ for _i in range(48):
 raise ValueError(f"held {_n} bytes")
 ''',
     # 4 forked processes, each writing 300 MB (RLIMIT_AS is per process; 64 processes are
-    # allowed), held at once; says how much
+    # allowed), held at once; says how much once each has written its 300 MB or died (it waited
+    # 10 s for a process the limit had killed)
     "a-forkmem": '''
 import os as _os, select as _select, time as _time
 _r, _w = _os.pipe()
@@ -70,10 +70,12 @@ for _i in range(4):
         finally:
             _os._exit(0)
     _kids.append(_pid)
-_got = 0
-while _got < len(_kids) and _select.select([_r], [], [], 10)[0]:
-    _got += len(_os.read(_r, 1))
-_alive = sum(_os.waitpid(_pid, _os.WNOHANG) == (0, 0) for _pid in _kids)  # none killed since
+_got, _dead, _end = 0, set(), _time.time() + 10
+while _got + len(_dead) < len(_kids) and _time.time() < _end:
+    if _select.select([_r], [], [], 0.1)[0]:
+        _got += len(_os.read(_r, 1))
+    _dead |= {_p for _p in _kids if _p not in _dead and _os.waitpid(_p, _os.WNOHANG) != (0, 0)}
+_alive = len(_kids) - len(_dead)  # none of them killed since: each writes, then sleeps 5 s
 raise ValueError(f"held {_alive * (300 << 20)} bytes in {_alive} processes")
 ''',
     # empty files in /tmp (the size limit counts bytes, not files: each costs the kernel ~1 KB),
@@ -132,22 +134,19 @@ _judge().sendall(_struct.pack("!II", len(_h), 0) + _h)
 LONG = "\u5f20\u4f1f" * 15  # a student's name of 30 CJK characters (90 bytes): 270 when quoted
 
 
-ONCE = ("a-devshm", "a-memfd", "a-forkmem", "a-inodes")  # each sandbox has its own limits, so
-# these run in exercise 1's job only (its copy of the reference has exercise 1 blank): 3 runs of
+ONCE = ("a-devshm", "a-memfd", "a-forkmem", "a-inodes")  # in exercise 1's job only: 3 runs of
 # each, one per exercise, tried nothing more and took a minute
-IN_EXERCISE_1 = """
-import linecache as _lc
-if 'NotImplementedError("exercise 1:' in "".join((_lc.cache.get("reference.py") or (0, 0, []))[2]):
-"""
+
+
+def attack_text(name: str) -> str:
+    code = {**ATTACKS, **CRASHES}[name]
+    return BASE + (in_exercise_1(code) if name in ONCE else code)
 
 
 def write_attacks(folder, names) -> None:
     folder.mkdir()
     for name in names:
-        code = {**ATTACKS, **CRASHES}[name]
-        if name in ONCE:
-            code = IN_EXERCISE_1 + textwrap.indent(code, "    ")
-        (folder / f"{name}.py").write_text(BASE + code)
+        (folder / f"{name}.py").write_text(attack_text(name))
     (folder / "zz-correct.py").write_text(CORRECT)
     (folder / "zz-blank.py").write_text(BASE)
 
@@ -164,10 +163,11 @@ def judges(pid: int) -> list:
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
-    """One grade-all of the attacks and two classmates, as root (or whoever runs the tests), with
-    --memory-limit MEMORY_MB; the most RSS (MB) of each judge and of the driver."""
+    """One grade-all of the attacks, the crashes and two classmates, as root (or whoever runs the
+    tests), with --memory-limit MEMORY_MB; the most RSS (MB) of each judge and of the driver."""
     tmp = tmp_path_factory.mktemp("attacked")
-    write_attacks(tmp / "class", ATTACKS)
+    write_attacks(tmp / "class", {**ATTACKS, **CRASHES})
+    (tmp / "class" / f"{LONG}.py").write_text(BASE)
     for name in ("d-route-file.py", "d-route-dir/tokencredit.py"):  # the same bytes, twice
         (tmp / "class" / name).parent.mkdir(exist_ok=True)
         (tmp / "class" / name).write_text(CORRECT + ROUTE)
@@ -373,30 +373,18 @@ def test_a_file_python_reads_is_read_as_python_reads_it(tmp_path, how):
     assert done.returncode == 0 and b"total 10.0/10" in done.stdout, done.stdout[-1500:]
 
 
-@pytest.fixture(scope="module")
-def crashed(tmp_path_factory):
-    """A class where each of CRASHES and a correct classmate are graded."""
-    tmp = tmp_path_factory.mktemp("crashed")
-    write_attacks(tmp / "class", CRASHES)
-    (tmp / "class" / f"{LONG}.py").write_text(BASE)
-    done = run("grade-all", tmp / "class", "--set", "grpo", "--seed", SEED, "--csv",
-               tmp / "g.csv", "--gradescope-dir", tmp / "gs", timeout=600)
-    return done, tmp / "g.csv"
-
-
-def test_no_submission_stops_the_class(crashed):
+def test_no_submission_stops_the_class(attacked):
     """RecursionError from the parser (flags.scan and Grader.grade's compile catch SyntaxError
     and ValueError only) or from the grader's own recursion over a tree that compiles
     (flags.text_of, ast.dump), a KeyError from score's LIMIT_NAMES str.format, and a name whose
     percent-quoted folder is over 255 bytes (ENAMETOOLONG, after every grade: only g.csv.tmp is
-    left) each stopped grade-all: no CSV for anyone."""
-    done, csv_path = crashed
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = rows_of(csv_path)
+    left) each stopped grade-all: no CSV for anyone. (They were a class of their own: the class
+    of the attacks grades them now, one grade-all and one pair of classmates fewer.)"""
+    rows = attacked["rows"]  # the fixture asserts that grade-all ended well
     assert rows["zz-correct"]["total"] == "30.00" and rows["zz-blank"]["total"] == "0.00"
     assert all(rows[name]["total"] == "0.00" for name in CRASHES), rows
     assert rows[LONG]["total"] == "0.00"
-    assert len(list((csv_path.parent / "gs").glob("*/results.json"))) == len(rows)
+    assert len(list((attacked["tmp"] / "gs").glob("*/results.json"))) == len(rows)
 
 
 @pytest.mark.parametrize("name", sorted(CRASHES))
@@ -426,29 +414,18 @@ def test_the_flag_scan_sees_native_code_and_files_reached_through_torch_and_nump
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
                     or not shutil.which("setpriv"), reason="needs root to become tester")
 def test_as_an_ordinary_user_too():
-    """/dev as `tester` (a sandbox under the grader's own uid), beside memfd and forked memory
-    (not limited: PER_PROCESS), a correct classmate and the format-string limit."""
+    """As `tester`, in one class with test_sandbox's (graded_as_tester: issue 42's attacks, grade
+    PATH and the bundle): /dev (a sandbox under the grader's own uid), beside memfd and forked
+    memory (not limited: PER_PROCESS) and the format-string limit."""
     try:
         tester = pwd.getpwnam("tester")
     except KeyError:
         pytest.skip("no user tester")
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="course-attacks-"))
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="course-tester-"))  # pytest's is root's
     try:
-        kit = tmp / "kit"
-        (kit / "tests").mkdir(parents=True)
-        for name in ("course", ".course-cache"):
-            shutil.copytree(os.path.join(ROOT, name), kit / name)
-        for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
-            shutil.copy(os.path.join(ROOT, name), kit / name)
-        write_attacks(tmp / "class", ["a-devshm", "a-memfd", "a-forkmem", "c-format"])
-        for path in [tmp, *tmp.rglob("*")]:
-            os.lchown(path, tester.pw_uid, tester.pw_gid)
-        done = as_tester([PY, "-m", "course", "grade-all", str(tmp / "class"), "--set", "grpo",
-                          "--seed", str(SEED), "--memory-limit", str(MEMORY_MB), "--csv",
-                          str(tmp / "g.csv")], kit)
-        assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done.stderr[-2000:]
-        rows = rows_of(tmp / "g.csv")
-        assert rows["zz-correct"]["total"] == "30.00"
+        more = {f"{name}.py": attack_text(name)
+                for name in ("a-devshm", "a-memfd", "a-forkmem", "c-format")}
+        rows = graded_as_tester(tmp, tester, more, ["--memory-limit", str(MEMORY_MB)])
         assert number_in(rows["a-devshm"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
     finally:
         shutil.rmtree(tmp)

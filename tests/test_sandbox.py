@@ -2,21 +2,20 @@
 no more than its base (a blank: 0) from `grade-all`, `grade PATH` and the bundle; classmates keep
 their grades; nothing crashes or hangs. One class run holds most of the attacks.
 
-Needs bubblewrap (bwrap) that can run here; the run as an ordinary user needs root (to become
-`tester`; grade-all, grade PATH and the bundle) and is skipped otherwise.
+Needs bubblewrap (bwrap) that can run here. The run as an ordinary user (`tester`: grade-all,
+grade PATH and the bundle; graded_as_tester) runs in tests/test_attacks.py, its class shared with
+that file's attacks; it needs root and is skipped otherwise.
 """
 
 import csv
 import json
 import os
-import pathlib
 import platform
-import pwd
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
+import textwrap
 import time
 import zipfile
 
@@ -137,10 +136,23 @@ print("at load \\udcff")
 }
 
 
+IN_EXERCISE_1 = """
+import linecache as _lc
+if 'NotImplementedError("exercise 1:' in "".join((_lc.cache.get("reference.py") or (0, 0, []))[2]):
+"""
+
+
+def in_exercise_1(code: str) -> str:
+    """code run in exercise 1's job only (its copy of the reference has exercise 1 blank): each
+    sandbox has its own limits, so the same attack in the other exercises' jobs tries nothing
+    more, and takes their time."""
+    return IN_EXERCISE_1 + textwrap.indent(code, "    ")
+
+
 # forks without end (each process forks again at once) for 30 s; its own cap of 100 processes,
 # should the process limit fail, keeps it from hurting the machine (a check and a fork race, so up
-# to twice that); then says the most processes its sandbox's /proc showed
-FORK_BOMB = '''
+# to twice that); then says the most processes its sandbox's /proc showed; in exercise 1
+FORK_BOMB = in_exercise_1('''
 import os as _os, time as _time
 def _count():
     return len([_p for _p in _os.listdir("/proc") if _p.isdigit()])
@@ -163,7 +175,7 @@ if _leader == 0:
 _time.sleep(4)
 _seen = max(_count() for _ in range(5) if not _time.sleep(0.2))
 raise ValueError(f"saw {_seen} processes")
-'''
+''')
 CORRECT = REFERENCE.replace(  # correct, and run: not a copy of the reference
     "\ndef group_advantages(", "\n_differs = 1\n\n\ndef group_advantages(")
 
@@ -411,21 +423,11 @@ def as_tester(command: list, home) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
-                    or not shutil.which("setpriv"), reason="needs root to become tester")
-def test_an_ordinary_user_grades_in_sandboxes_too():
-    try:
-        tester = pwd.getpwnam("tester")
-    except KeyError:
-        pytest.skip("no user tester")
-    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="course-tester-"))  # pytest's is root's
-    try:
-        graded_as_tester(tmp_path, tester)
-    finally:
-        shutil.rmtree(tmp_path)
-
-
-def graded_as_tester(tmp_path, tester) -> None:
+def graded_as_tester(tmp_path, tester, more: dict, options: list) -> dict:
+    """An ordinary user grades in sandboxes too: grade-all, grade PATH and the bundle, as `tester`
+    (root to become it). tests/test_attacks.py's test_as_an_ordinary_user_too runs this, with its
+    own attacks in the same class (more: {file name: text}; options: grade-all's, its memory
+    limit): one grade-all as tester for both files. The class's rows."""
     kit = tmp_path / "kit"  # the course kit where tester can read it, with its cached map
     (kit / "tests").mkdir(parents=True)
     for name in ("course", ".course-cache"):
@@ -433,14 +435,16 @@ def graded_as_tester(tmp_path, tester) -> None:
     for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
         shutil.copy(os.path.join(ROOT, name), kit / name)
     attacks = ("a-zombie", "a-leftover", "a-proc")  # those that reach past their own process
-    before = write_class(tmp_path / "class", classmates=False, attacks=attacks)
+    write_class(tmp_path / "class", classmates=False, attacks=attacks)
     (tmp_path / "class" / "a-bomb.py").write_text(BASE + FORK_BOMB)  # tester's uid, not root's
-    before["a-bomb.py"] = (tmp_path / "class" / "a-bomb.py").read_bytes()
+    for name, text in more.items():
+        (tmp_path / "class" / name).write_text(text)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "class").iterdir() if p.is_file()}
     (tmp_path / "bin").mkdir()  # no bwrap on this PATH
     for path in [tmp_path, *tmp_path.rglob("*")]:
         os.lchown(path, tester.pw_uid, tester.pw_gid)
     grade_all = [PY, "-m", "course", "grade-all", str(tmp_path / "class"), "--set", "grpo",
-                 "--seed", str(SEED), "--csv", str(tmp_path / "grades.csv")]
+                 "--seed", str(SEED), "--csv", str(tmp_path / "grades.csv"), *options]
     refused = as_tester(["/usr/bin/env", f"PATH={tmp_path / 'bin'}"] + grade_all, kit)
     assert refused.returncode != 0 and b"--no-sandbox-ok" in refused.stderr, refused
     done = as_tester(grade_all, kit)
@@ -472,6 +476,7 @@ def graded_as_tester(tmp_path, tester) -> None:
                       str(root / "source" / "run_autograder")], kit)
     assert done.returncode == 0 and b"sandbox: bubblewrap" in done.stdout, done
     assert json.loads((root / "results" / "results.json").read_text())["score"] == 0, done
+    return rows
 
 
 def test_without_a_sandbox_grade_all_refuses_unless_told_and_says_so(tmp_path):
