@@ -77,7 +77,7 @@ def cmd_grade(args) -> None:
     for line in report.flag_lines(flags):
         print(line)
     print(report.format_rows(rows, args.verbose or bool(args.only)))
-    table = None if official else where["mapping"]["written"]  # a handout's: numbers only read
+    table = None if official else where["mapping"].get("written", [])  # a handout's: no values
     answers = written.grade(form, args.only or where["exercises"], table)
     for line in written.lines(*answers, instructor=official):
         print(line)

@@ -3,8 +3,7 @@ test is written from its attack's description, and was red on the grader it was 
 (commit 8ac218e). One class run (`attacked`) holds most of them, the four that stopped a whole
 grade-all among them; `grade PATH` runs, a bundle without a sandbox and a run as the ordinary user
 `tester` check the rest. A student's code is BASE (the grpo handout's blank
-file) plus the attack, unless said. Run alone: about 80 s under load today, where the crashes
-end early; more once they are fixed.
+file) plus the attack, unless said.
 
 Needs bubblewrap (bwrap) that can run here; the run as `tester` needs root and is skipped
 otherwise.
@@ -65,15 +64,15 @@ for _i in range(4):
     if _pid == 0:
         try:
             _x = b"1" * (300 << 20)
-            _os.write(_w, b"1")
+            _os.write(_w, bytes([_i]))
             _time.sleep(5)
         finally:
             _os._exit(0)
     _kids.append(_pid)
-_got, _dead, _end = 0, set(), _time.time() + 10
-while _got + len(_dead) < len(_kids) and _time.time() < _end:
+_wrote, _dead, _end = set(), set(), _time.time() + 10  # each child once: wrote, or died
+while len(_wrote | _dead) < len(_kids) and _time.time() < _end:
     if _select.select([_r], [], [], 0.1)[0]:
-        _got += len(_os.read(_r, 1))
+        _wrote |= {_kids[_b] for _b in _os.read(_r, len(_kids))}
     _dead |= {_p for _p in _kids if _p not in _dead and _os.waitpid(_p, _os.WNOHANG) != (0, 0)}
 _alive = len(_kids) - len(_dead)  # none of them killed since: each writes, then sleeps 5 s
 raise ValueError(f"held {_alive * (300 << 20)} bytes in {_alive} processes")

@@ -435,7 +435,7 @@ def test_the_bundle_carries_no_plants_and_installs_only_what_grading_imports(bun
 @needs_sandbox
 def test_every_attack_gets_no_more_than_its_base_from_the_bundle(bundle, attacks):
     tmp, root, _ = bundle
-    _, sources = attacks
+    aimed, sources = attacks  # the attacks aim at aimed/bundle/results: here, at each root's
     blank = run_bundle(root, BASE)
     assert blank["score"] == 0 and len(code_tests(blank)) == 3
     assert sum("not written yet" in t["output"] for t in blank["tests"]) == 3
@@ -444,7 +444,7 @@ def test_every_attack_gets_no_more_than_its_base_from_the_bundle(bundle, attacks
     got, detached_last = {}, sorted(sources, key=lambda name: "detached" in name)
     for i, name in enumerate(detached_last):  # each in a root of its own, read again at the end
         text, base = sources[name]
-        (tmp / "bundle" / "results").mkdir(parents=True, exist_ok=True)
+        text = text.replace(str(aimed / "bundle" / "results"), str(tmp / f"root{i}" / "results"))
         shutil.copytree(root / "source", tmp / f"root{i}" / "source")
         got[name] = run_bundle(tmp / f"root{i}", text)
         want = 0 if base == BASE else run_bundle(root, base)["score"]
@@ -549,6 +549,17 @@ def test_the_sheet_prints_the_points_table():
     for k, (title, points) in EXERCISES.items():
         assert f"| {k} {title} | " + ", ".join(f"`{n}` {p}" for n, p in points.items()) + " |" \
             in sheet
+
+
+def test_the_copy_note_names_the_functions_that_are_the_reference_s_alone():
+    """copies(): the exercises' functions a file holds as the reference has them, statement for
+    statement, whatever its comments and layout; a plant's and a blank's are not."""
+    every = {n for k in EXERCISES for n in names(k)}
+    flipped = source.apply_edits(REFERENCE, MISTAKES[0][2])  # exercise 1's group_advantages
+    assert grading.copies(flipped, REFERENCE) == every - {"group_advantages"}
+    assert grading.copies(source.blank(REFERENCE, [3]), REFERENCE) == every - set(names(3))
+    laid_out = REFERENCE.replace("\ndef group_advantages(", "\n# mine\n\n\ndef group_advantages(")
+    assert laid_out != REFERENCE and grading.copies(laid_out, REFERENCE) == every
 
 
 def test_the_reference_copied_is_said_and_grade_all_needs_a_set(tmp_path):

@@ -176,7 +176,7 @@ _time.sleep(4)
 _seen = max(_count() for _ in range(5) if not _time.sleep(0.2))
 raise ValueError(f"saw {_seen} processes")
 ''')
-CORRECT = REFERENCE.replace(  # correct, and run: not a copy of the reference
+CORRECT = REFERENCE.replace(  # correct, and not the reference's file byte for byte
     "\ndef group_advantages(", "\n_differs = 1\n\n\ndef group_advantages(")
 
 
