@@ -195,15 +195,16 @@ def memory_cgroup():
         cgroup = dict(folder=("/sys/fs/cgroup/memory" if version == 1 else "/sys/fs/cgroup")
                       + path, version=version)
         probe = os.path.join(cgroup["folder"], f"course-probe-{os.getpid()}")
-        with contextlib.suppress(OSError, subprocess.SubprocessError):  # then the next, if any
-            try:  # what start_box and Driver.warm do: a limit, and a process started in it
-                os.mkdir(probe)
-                cap(cgroup, probe, 1 << 30)
-                subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
-                return cgroup
-            finally:
-                with contextlib.suppress(OSError):  # else left empty: harmless
-                    os.rmdir(probe)
+        try:  # what start_box and Driver.warm do: a limit, and a process started in it
+            os.mkdir(probe)
+            cap(cgroup, probe, 1 << 30)
+            subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
+            return cgroup
+        except (OSError, subprocess.SubprocessError):
+            continue  # the next hierarchy, if any
+        finally:
+            with contextlib.suppress(OSError):  # else left empty: harmless
+                os.rmdir(probe)
     return None
 
 
