@@ -13,7 +13,7 @@ if [ "${1:-install}" = install ]; then
       -c .ci/constraints-trl.txt
 fi
 if [ "${1:-test}" = test ]; then
-  .venv-trl/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_trl_tokencredit.py \
+  .venv-trl/bin/python -m pytest -q -rs -p no:cacheprovider tests/bridges/test_trl_tokencredit.py \
     | tee .venv-trl/pytest.log
   if grep -q skipped .venv-trl/pytest.log; then
     echo "trl-env.sh: a TRL bridge test was skipped (above); none may be" >&2

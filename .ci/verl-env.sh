@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI for the verl plugin: its own virtualenv, .venv-verl (verl 0.9.1 asks for transformers < 5.11,
-# the core pins 5.24), then tests/test_verl_plugin.py, failing if any test is skipped.
+# the core pins 5.24), then tests/bridges/test_verl_plugin.py, failing if any test is skipped.
 # Lean: verl without its dependencies, plus those that `import verl`, its loss and advantage
 # registries, its config classes and agg_loss import (ray, tensordict, transformers, omegaconf,
 # codetiming, numpy), and hydra-core (docs/verl.md's overrides are composed). Left out, because
@@ -25,7 +25,7 @@ if [ "${1:-install}" = install ]; then
 fi
 if [ "${1:-test}" = test ]; then
   .venv-verl/bin/python -c "import verl; print('verl', verl.__version__)"
-  .venv-verl/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_verl_plugin.py \
+  .venv-verl/bin/python -m pytest -q -rs -p no:cacheprovider tests/bridges/test_verl_plugin.py \
     | tee .venv-verl/pytest.log
   if grep -q skipped .venv-verl/pytest.log; then
     echo "verl-env: a verl plugin test was skipped" >&2

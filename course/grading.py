@@ -36,8 +36,8 @@ from .written import printable, shown, walk
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
 TESTS = "test_tokencredit.py"
-HIDDEN = os.path.join("tests", "test_hidden.py")  # the students' hidden set: a handout's
-OFFICIAL = os.path.join("tests", "test_official.py")  # the instructor's, in its place elsewhere
+HIDDEN = os.path.join("tests", "course", "test_hidden.py")  # the students' hidden set: a handout's
+OFFICIAL = os.path.join("tests", "course", "test_official.py")  # the instructor's, in its place elsewhere
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
 SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
 BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret (or seed), limits

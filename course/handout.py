@@ -21,7 +21,7 @@ HANDOUT = ("tokencredit.py", TESTS, HIDDEN, "tests/conftest.py", "train_tiny.py"
            "lab", "requirements.txt", ".ci/constraints.txt", "LICENSE", "docs/course.md",
            "docs/lab.md", "docs/credit.png", "docs/cscr-sweep.png", "results",
            *(f"course/{name}" for name in MODULES + ("handout.py",) if name != "written.py"))
-LEFT_OUT = ("onestep.md", "tests/test_translation.py", "tokencredit_trl", "test_trl_tokencredit.py",
+LEFT_OUT = ("onestep.md", "tests/docs/test_translation.py", "tokencredit_trl", "test_trl_tokencredit.py",
             "tokencredit_verl", "test_verl_plugin.py", "verl.md", "bench", "test_course.py",
             "test_docs.py", "test_train_tiny.py", "speed.md", "translation.md", "trl.md",
             "paired-token.png", "README.md", "test_official.py")
@@ -56,7 +56,7 @@ it in beside tokencredit.py; `python -m course grade` says which answers it cann
 At first every test of your exercises fails: that is the grader working. Do the exercises in
 order: a test that also needs a later exercise you have not written waits for it. Where a test
 compares with a plain loop, this copy compares with that loop's outputs recorded on the same
-inputs (course_snapshots.json); tests/test_hidden.py runs here on seed 0. Your instructor's
+inputs (course_snapshots.json); tests/course/test_hidden.py runs here on seed 0. Your instructor's
 grade runs each exercise beside the complete others, on inputs drawn from a seed of their own.
 
 Left out of this copy, because they hold solutions: the answers of the sheet{answers_note},
@@ -96,7 +96,7 @@ def all_answers() -> list:
 
 def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dict:
     """The handout of set_name in out; returns the map it carries: the students' tests'
-    (tests/test_hidden.py, not the official set), so its snapshots are the loops' outputs on the
+    (tests/course/test_hidden.py, not the official set), so its snapshots are the loops' outputs on the
     inputs their copy draws."""
     exercises, mapping = SETS[set_name], test_map(reference, test_files(official=False))
     for name in HANDOUT:

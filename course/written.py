@@ -126,7 +126,7 @@ LINE = re.compile(r"\s*([A-Za-z0-9][\w.-]*)\s*:(.*)")
 
 def questions(exercises, table=None) -> list:
     """The rows of these exercises, in the table's order, as dicts (`number`: graded here).
-    tests/test_written.py checks QUESTIONS's rows once; a handout's table is written by public."""
+    tests/course/test_written.py checks QUESTIONS's rows once; a handout's table is written by public."""
     keys = ("id", "k", "points", "expected", "abs", "rel", "question")
     rows = [dict(zip(keys, row), number=not isinstance(row[3], str))
             for row in (QUESTIONS if table is None else table)]

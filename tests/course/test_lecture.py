@@ -17,7 +17,9 @@ import tiny_task
 from course.__main__ import main
 from course.lecture import FIGURES, GROUP, PROMPT
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
+
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
 DOCS = os.path.join(HERE, "docs")
 PAGE = open(os.path.join(DOCS, "lecture.md")).read()
 # what course/handout.py strips from docs/course.md: text for instructors only

@@ -1,6 +1,6 @@
-"""A fifth round of attacks on the grader (course/), each a kind that tests/test_attacks.py,
-tests/test_attacks2.py, tests/test_attacks3.py, tests/test_sandbox.py, tests/test_course.py and
-tests/test_score.py do not try: each test is written from its attack's description, and was red
+"""A fifth round of attacks on the grader (course/), each a kind that tests/course/test_attacks.py,
+tests/course/test_attacks2.py, tests/course/test_attacks3.py, tests/course/test_sandbox.py, tests/course/test_course.py and
+tests/course/test_score.py do not try: each test is written from its attack's description, and was red
 on the grader it was written against (commit c57e205): a test here that fails is an attack that
 falls. A student's code is BASE (the grpo handout's blank file) or CORRECT (the reference, run)
 plus the attack, as said.
@@ -20,6 +20,7 @@ from test_attacks2 import grade
 from test_attacks3 import group_advantages_then
 from test_sandbox import BASE
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
 SANDBOX = grading.find_sandbox()
 needs_bwrap = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
 
@@ -205,7 +206,7 @@ def hidden(code: str) -> str:
 def test_the_lock_channel_run_by_another_name_is_flagged(tmp_path):
     """docs/instructors.md leaves side channels between a submission's exercises open: what they
     need (os, fcntl, ctypes, ...) is flagged, and --strict gives 0. Round 2's lock channel
-    (tests/test_attacks2.py LOCKS; its sender holding the locks 8 s, and the answer run in the
+    (tests/course/test_attacks2.py LOCKS; its sender holding the locks 8 s, and the answer run in the
     student's module) run through dataclasses._create_fn: exercise 3, blank, 53/53 tests,
     10.0/10 under --strict, no flag (total 10.0/30)."""
     from test_attacks2 import LOCKS

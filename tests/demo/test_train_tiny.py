@@ -1,14 +1,12 @@
-"""Tests for tiny_task.py, train_tiny.py and lab/: the task and its verifier, sampling and scoring, the training
-path, the lab's measurements, the command line, and one real run that must learn.
+"""train_tiny.py: sampling and scoring, one update, the command line and whole runs, TRL's names and
+--config, the saved config and policy, and one real run that must learn (slow).
 
 Tests that compare numbers across runs ask for --device cpu; the others accept what auto picks.
 """
 
-import dataclasses
 import json
 import math
 import os
-import random
 import re
 import subprocess
 import sys
@@ -16,86 +14,12 @@ import sys
 import pytest
 import torch
 
-from lab import cli, compare, credit, learning, onestep, records, stats
+from lab import cli, credit, learning
 import tokencredit as tc
 import tiny_task
 import train_tiny as tt
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-# -----------------------------------------------------------------------------
-# the task: the demonstrator, the overlong zone and the verifier
-
-def test_render_problem_and_a_slip_carried_forward():
-    assert tiny_task.render_problem([6, 9, 8]) == "6+9+8="
-    for seed in range(20):  # every step slips by 1 or 2; the next step starts from the slipped total
-        text, _ = tiny_task.demonstrate([6, 9, 8], demo_args(slip_rate=1.0), random.Random(seed))
-        first, second = text.split(">")[0].split(",")
-        assert first[:4] == "6+9=" and int(first[4:]) in (13, 14, 16, 17) and second.startswith(first[4:] + "+8=")
-
-
-def demo_args(**rates):
-    base = dict(misconception="9", misconception_rate=0.0, slip_rate=0.0, recheck_rate=0.0, loop_rate=0.0)
-    return tt.Args(**{**base, **rates})
-
-
-def test_demonstrator_habits_hand_worked():
-    rng = random.Random(0)
-    # the misconception: 15+9 forgets the carry (14), and the error is carried to the answer
-    assert tiny_task.demonstrate([6, 9, 9], demo_args(misconception_rate=1.0), rng) == ("6+9=5,5+9=4>4", True)
-    assert tiny_task.demonstrate([5, 5, 9], demo_args(misconception_rate=1.0), rng) == ("5+5=10,10+9=19>19", True)  # no carry
-    assert tiny_task.meets_misconception([6, 9, 9], tt.Args()) and not tiny_task.meets_misconception([5, 5, 9], tt.Args())
-    assert tiny_task.demonstrate([6, 9, 8], demo_args(), rng) == ("6+9=15,15+8=23>23", True)
-    text, finished = tiny_task.demonstrate([6, 9, 8], demo_args(recheck_rate=1.0), rng)
-    assert finished and text in ("6+9=15,6+9=15,15+8=23>23", "6+9=15,15+8=23,15+8=23>23")
-    assert tiny_task.verify([6, 9, 8], text, finished) and tiny_task.has_repeated_step(text)
-    text, finished = tiny_task.demonstrate([6, 9, 8], demo_args(loop_rate=1.0), rng)
-    assert not finished and len(text) == tt.Args().max_new_tokens and tiny_task.has_repeated_step(text)
-    assert not tiny_task.verify([6, 9, 8], text, finished) and not tiny_task.has_repeated_step("6+9=15,15+8=23>23")
-
-
-def test_demonstrator_rates_and_the_overlong_zone():
-    """The habits appear at their rates, and no right demonstration reaches DAPO's soft overlong zone."""
-    args, rng = tt.Args(), random.Random(1)
-    outcomes = [(terms, *tiny_task.demonstrate(terms, args, rng)) for terms in tiny_task.ProblemStream(args, 2).next(4000)]
-    loops = sum(not finished for _, _, finished in outcomes) / len(outcomes)
-    rechecks = sum(finished and tiny_task.has_repeated_step(t) for _, t, finished in outcomes) / len(outcomes)
-    assert loops == pytest.approx(args.loop_rate, abs=0.015)
-    assert rechecks == pytest.approx(args.recheck_rate, abs=0.025)
-    right_lengths = [len(t) + 1 for terms, t, finished in outcomes if tiny_task.verify(terms, t, finished)]  # + <eos>
-    assert max(right_lengths) <= args.max_new_tokens - args.overlong_cache
-    longest = "9+9=18,18+9=27,27+9=36,36+9=45,36+9=45>45"  # five nines, a re-checked two-digit step
-    assert len(longest) + 1 == args.max_new_tokens - args.overlong_cache
-
-
-@pytest.mark.parametrize("response, complete, expected", [
-    ("6+9=15,15+8=23>23", True, True),      # right
-    ("6+9=15,15+8=24>24", True, False),     # wrong answer
-    ("garbage>23", True, True),             # outcome reward: only the final answer is checked
-    ("6+9=15,15+8=23>23", False, False),    # truncated: never produced <eos>
-    ("6+9=15,15+8=23", True, False),        # malformed: no '>'
-    ("6+9=15>15>23", True, False),          # malformed: two '>'
-    (">", True, False),                     # malformed: no digits
-    ("6+9=15,15+8=23>23,", True, False),    # extra tokens after the answer
-    ("6+9=15,15+8=23>023", True, True),     # the number 23, with a leading zero
-    ("", True, False),                      # empty
-])
-def test_verify(response, complete, expected):
-    assert tiny_task.verify([6, 9, 8], response, complete) is expected
-
-
-def test_response_mask_and_token_classes():
-    tok = tiny_task.build_tokenizer()
-    eos, pad = tok.eos_token_id, tok.pad_token_id
-    ids = [tok.convert_tokens_to_ids(c) for c in "3+4=7>7"] + [eos]
-    responses = torch.tensor([ids + [pad, pad], ids[:5] + [eos, 5, 6, 7, 8]])
-    mask, complete = tiny_task.response_mask(responses, eos)
-    assert mask.sum(dim=1).tolist() == [8, 6] and complete.tolist() == [True, True]
-    mask, complete = tiny_task.response_mask(torch.tensor([ids[:7] + [5, 6, 7]]), eos)
-    assert mask.all() and complete.tolist() == [False]
-    # 3 + 4 = 7 > 7 eos : intermediate, operator, intermediate, operator, intermediate, format, answer, format
-    assert credit.token_classes(tok, torch.tensor([ids]))[0].tolist() == [1, 2, 1, 2, 1, 3, 0, 3]
 
 
 # -----------------------------------------------------------------------------
@@ -189,195 +113,6 @@ def test_one_update_moves_log_probs_towards_the_advantage():
         (new, _), = tt.score(model, tokenizer, args, flat, responses, mask)
     change = ((new - old.detach()) * mask).sum(dim=1)  # (N,) change of each response's log-prob
     assert (advantages * change).sum() > 0 and change[advantages > 0].mean() > change[advantages < 0].mean()
-
-
-# -----------------------------------------------------------------------------
-# the lab's one-step measurement
-
-def one_step_on_tiny_policy(monkeypatch, strength=1.0):
-    """onestep.one_step on an untrained 1-layer model whose verdicts are fixed by hand (its answers are noise)."""
-    model, tokenizer = tiny_policy()
-    pattern = torch.tensor([True, False, False, True, False, True, False, False])
-    monkeypatch.setattr(tt, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
-    args = tt.Args(max_new_tokens=24, group_size=4)
-    return onestep.one_step(model, tokenizer, args, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05, "cpu")
-
-
-def test_one_step_is_deterministic_and_first_order(monkeypatch):
-    a, b = one_step_on_tiny_policy(monkeypatch), one_step_on_tiny_policy(monkeypatch)
-    assert a["delta"].keys() == b["delta"].keys() and all(torch.equal(a["delta"][k], b["delta"][k]) for k in a["delta"])
-    assert onestep.one_step_table(a)["first_order_median"] == pytest.approx(2.0, abs=0.05)  # half the lr, half the change
-    moved = a["advantages"] != 0
-    assert (a["advantages"] * a["delta"]["sample"].sum(dim=1))[moved].sum() > 0  # the way the advantages point
-
-
-def test_one_step_sample_over_token_is_larger_for_short_responses(monkeypatch):
-    """Under "sample" a short response's tokens weigh more than under "token", a long one's less: the
-    measured ratio sample/token falls with length, as its first-order prediction mean|o| / |o_i| does."""
-    step = one_step_on_tiny_policy(monkeypatch)
-    lengths = step["mask"].sum(dim=1).float()
-    moved = step["advantages"] != 0
-    ratio = step["delta"]["sample"].sum(dim=1) / step["delta"]["token"].sum(dim=1)  # (N,)
-    short, long = moved & (lengths <= lengths.mean() / 2), moved & (lengths >= lengths.mean() * 1.3)
-    assert short.sum() >= 2 and long.sum() >= 2
-    assert ratio[short].median() > 1 > ratio[long].median()
-    w_sample, w_token = tc.token_weights(step["mask"], "sample"), tc.token_weights(step["mask"], "token")
-    assert torch.allclose(w_sample.sum(dim=1) / w_token.sum(dim=1), lengths.mean() / lengths)
-
-
-def test_one_step_cscr_at_strength_zero_is_grpo_exactly(monkeypatch):
-    step = one_step_on_tiny_policy(monkeypatch, strength=0.0)
-    assert torch.equal(step["delta"]["cscr 0"], step["delta"]["sample"])
-    assert not torch.equal(one_step_on_tiny_policy(monkeypatch, strength=2.0)["delta"]["cscr 2"], step["delta"]["sample"])
-
-
-# -----------------------------------------------------------------------------
-# the lab's paired comparison: two runs, seed by seed
-
-def test_t_quantile_and_the_sign_test_against_closed_forms():
-    # df 1 and 2 have closed forms: tan(pi (p - 1/2)) and (2p - 1) / sqrt(2 p (1 - p))
-    assert stats.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-9)
-    assert stats.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-9)
-    assert stats.t_quantile(0.975, 9) == pytest.approx(2.262157, abs=1e-6)  # the printed tables'
-    assert stats.t_quantile(0.5, 5) == pytest.approx(0.0, abs=1e-9)
-    # two-sided: 2 P(Binomial(n, 1/2) <= smaller count); 7 of 7 is 2/128, 3 of 3 is 2/8
-    assert stats.sign_test_p(0, 7) == 2 / 128 and stats.sign_test_p(3, 0) == 0.25
-    assert stats.sign_test_p(2, 8) == 2 * (1 + 10 + 45) / 1024 and stats.sign_test_p(5, 5) == 1.0
-    assert stats.sign_test_p(0, 0) == 1.0  # every seed tied: no evidence either way
-    with pytest.raises(ValueError, match="0.5 <= p < 1 and df >= 1, got p=0.3"):
-        stats.t_quantile(0.3, 4)
-
-
-def test_paired_stats_hand_worked():
-    # differences -1, -2, -3, +0.5: mean -1.375; Bessel sd sqrt(6.6875 / 3) = 1.49304; the 95 %
-    # half-width t(0.975, 3) sd / sqrt(4) = 3.182446 x 0.746520 = 2.375759
-    s = stats.paired_stats([-1.0, -2.0, -3.0, 0.5])
-    assert s["mean"] == -1.375 and (s["plus"], s["minus"], s["zero"]) == (1, 3, 0)
-    assert s["low"] == pytest.approx(-1.375 - 2.375759, abs=1e-5)
-    assert s["high"] == pytest.approx(-1.375 + 2.375759, abs=1e-5)
-    assert s["p"] == 2 * (1 + 4) / 16  # 1 of 4 positive
-    tied = stats.paired_stats([5e-8, -1.0, -1.0], digits=4)  # +0.0000 as printed: a tie, counted
-    assert (tied["plus"], tied["minus"], tied["zero"], tied["p"]) == (0, 2, 1, 0.5)  # apart
-    assert stats.paired_stats([5e-8, -1.0, -1.0], digits=8)["plus"] == 1
-
-
-def fake_run(name, seeds, truncated, wrong, sampled, **config):
-    """A saved run as records.load_run returns it: grpo, 12 updates; truncated[s] and wrong[s] are
-    seed s's per-update series (None: no wrong answer in that batch), sampled[s] its last
-    held-out sampled accuracy."""
-    cfg = {**dataclasses.asdict(tt.Args()), "methods": "grpo", "name": name, "steps": 12,
-           "seeds": ",".join(map(str, seeds)), **config}
-    evals = dict(accuracy=0.9, length=20.0, accuracy_misconception=0.8, accuracy_other=0.95,
-                 sampled_accuracy_misconception=0.5)
-    runs = [dict(method="grpo", seed=s, wall_s=1.0, evals={"12": dict(evals, sampled_accuracy=sampled[s])},
-                 updates={**{k: [0.5] * 12 for k in records.UPDATE_KEYS}, "step": list(range(1, 13)),
-                          "truncated_frac": truncated[s], "length_wrong": wrong[s]})
-            for s in seeds]
-    start = dict(evals, sampled_accuracy=0.4)
-    return dict(name=name, config=cfg, methods={"grpo": {}}, start=start, runs=runs)
-
-
-def test_compare_pairs_seeds_hand_worked(tmp_path, capsys):
-    """Seeds 1 and 2 are in both runs (0 and 3 are not); updates 1-10 and 1-12 are averaged per
-    seed before the difference, and a batch with no wrong answer (None) is left out."""
-    flat = lambda x: [x] * 12  # noqa: E731
-    base = fake_run("base", [0, 1, 2], {0: flat(0.9), 1: flat(0.10), 2: [0.2] * 10 + [0.0, 0.0]},
-                    {0: flat(9.0), 1: flat(30.0), 2: flat(40.0)}, {0: 0.0, 1: 0.80, 2: 0.70})
-    other = fake_run("other", [1, 2, 3], {1: flat(0.05), 2: [0.2] + [0.1] * 9 + [0.3, 0.3],
-                                            3: flat(0.0)},
-                     {1: [None] * 6 + [24.0] * 6, 2: flat(41.0), 3: flat(0.0)},
-                     {1: 0.85, 2: 0.69, 3: 1.0}, loss_mode="token")
-    paths = []
-    for run in (base, other):
-        paths.append(str(tmp_path / f"{run['name']}.json"))
-        with open(paths[-1], "w") as f:
-            json.dump(run, f)
-    [p] = cli.main(["compare", *paths, "--plot", str(tmp_path / "pair.png")])
-    out = capsys.readouterr().out
-    assert p["seeds"] == [1, 2] and p["changed"] == {"loss_mode": ("sample", "token")}
-    rows = {row["label"]: (row["diffs"], row) for row in p["rows"]}
-    # truncated, seed 1: 0.05 - 0.10; seed 2, updates 1-10: 1.1 / 10 - 0.2; all 12: (1.7 - 2) / 12
-    assert rows["truncated fraction, updates 1-10"][0] == pytest.approx([-0.05, -0.09])
-    assert rows["truncated fraction, updates 1-12"][0] == pytest.approx([-0.05, -0.3 / 12])
-    assert rows["wrong-answer length, updates 1-12"][0] == pytest.approx([24.0 - 30.0, 1.0])
-    assert rows["wrong-answer length, updates 1-10"][0] == pytest.approx([-6.0, 1.0])  # 24 x 4 / 4
-    diffs, s = rows["held-out sampled accuracy, at the end"]
-    assert diffs == pytest.approx([0.05, -0.01]) and (s["plus"], s["minus"]) == (1, 1)
-    assert s["mean"] == pytest.approx(0.02) and s["p"] == 1.0
-    assert rows["response length, updates 1-12"][0] == [0.0, 0.0]  # the same series: ties
-    assert out.startswith("paired comparison, other:grpo - base:grpo, loss_mode 'sample' -> "
-                          "'token': seeds 1, 2 (2 in common; update 1's rollouts identical in 1")
-    assert "| truncated fraction, updates 1-10 | -0.0500 -0.0900 | -0.0700 [" in out
-    assert (tmp_path / "pair.png").stat().st_size > 0
-    cli.main(["compare", *paths, *paths, "--primary"])  # two pairs, the two primary rows of each
-    primary = capsys.readouterr().out.splitlines()
-    assert primary[1] == compare.PRIMARY_HEADER and len(primary) == 3 + 2 * 2
-    assert primary[3].startswith("| other - base | loss_mode 'sample' -> 'token' | truncated "
-                                 "fraction, updates 1-10 | -0.0500 -0.0900 |")
-    assert primary[4].startswith("| other - base | loss_mode 'sample' -> 'token' | wrong-answer "
-                                 "length, updates 1-12 | -6.00 +1.00 |")
-    with pytest.raises(ValueError, match="expected BASE OTHER pairs"):
-        cli.main(["compare", *paths, paths[0]])
-
-
-def test_compare_refuses_runs_it_cannot_pair(tmp_path):
-    series = {s: [0.1] * 12 for s in range(3)}
-    sampled = {s: 0.5 for s in range(3)}
-
-    def side(name, seeds=(0, 1), **config):
-        run = fake_run(name, list(seeds), series, series, sampled, **config)
-        with open(tmp_path / f"{name}.json", "w") as f:
-            json.dump(run, f)
-        return records.load_side(str(tmp_path / f"{name}.json"))
-    base = side("base")
-    with pytest.raises(ValueError, match="no seed in common"):
-        compare.pair_up(base, side("later", seeds=(2,), loss_mode="token"))
-    with pytest.raises(ValueError, match="differ in loop_rate 0.12 -> 0.3, so one seed no longer"):
-        compare.pair_up(base, side("loops", loop_rate=0.3, loss_mode="token"))
-    with pytest.raises(ValueError, match="warmup_seed 1234 -> 7"):
-        compare.pair_up(base, side("start", warmup_seed=7))
-    with pytest.raises(ValueError, match="more than one knob, eps_high 0.2 -> 0.28, loss_mode"):
-        compare.pair_up(base, side("two", eps_high=0.28, loss_mode="token"))
-    with pytest.raises(ValueError, match="the same arguments"):
-        compare.pair_up(base, side("twin"))
-    elsewhere = side("elsewhere", loss_mode="token")
-    elsewhere[0]["start"]["accuracy"] = 0.79  # the same arguments, another machine's warm-up
-    with pytest.raises(ValueError, match=r"different policies .*\(0.9, 0.4, 20.0\) and \(0.79, "):
-        compare.pair_up(base, elsewhere)
-    with pytest.raises(ValueError, match="no saved run at"):
-        records.load_side(str(tmp_path / "missing.json"))
-    with pytest.raises(ValueError, match="name one, as .*:grpo, got 'dapo'"):
-        records.load_side(str(tmp_path / "base.json") + ":dapo")
-    assert compare.pair_up(base, side("token", loss_mode="token")) == ([0, 1], {"loss_mode": ("sample", "token")})
-
-
-def test_the_report_prints_nan_where_no_held_out_problem_meets_the_misconception(tmp_path, capsys):
-    """A held-out set too small to draw such a problem (--eval-size 4) has NaN accuracy there,
-    stored as None; the report prints it as it prints any NaN, never a TypeError."""
-    series = {s: [0.1] * 12 for s in (0, 1)}
-    run = fake_run("few", [0, 1], series, {s: [20.0] * 12 for s in (0, 1)}, {0: 0.5, 1: 0.75})
-    for evals in [run["start"]] + [r["evals"]["12"] for r in run["runs"]]:
-        evals.update(accuracy_misconception=None, sampled_accuracy_misconception=None)
-    with open(tmp_path / "few.json", "w") as f:
-        json.dump(run, f)
-    cli.report([str(tmp_path / "few.json")])
-    out = capsys.readouterr().out
-    assert "from 0.900 greedy (nan where the misconception applies) and 0.400 sampled (nan):" in out
-    assert "| grpo | 0.900 +- 0.000 | 0.625 +- 0.177 | nan +- nan | 20.0 +- 0.0 | 0.100 -> 0.100 " \
-           "| 20.0 +- 0.0 | 0.500 |" in out  # sampled: (0.5 + 0.75) / 2, std 0.25 / sqrt(2)
-
-
-def test_the_report_names_a_table_it_does_not_print_again(tmp_path, capsys):
-    """Two runs with the same results table (here: the same numbers): the second run's section
-    gives its title and says it is the same, so that a reader does not think it missing."""
-    series = {0: [0.1] * 12}
-    for name in ("ours", "mine"):
-        with open(tmp_path / f"{name}.json", "w") as f:
-            json.dump(fake_run(name, [0], series, series, {0: 0.5}), f)
-    cli.report([str(tmp_path / "ours.json"), str(tmp_path / "mine.json")])
-    mine = capsys.readouterr().out.split("## mine\n")[1].split("\n")
-    assert mine[1].startswith("held-out accuracy after 12 policy updates") and \
-        mine[2] == "(the same table as above)" and mine[4].startswith("rollout statistics")
 
 
 # -----------------------------------------------------------------------------
@@ -671,11 +406,12 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
 
 def test_command_line_error_is_one_line():
     done = subprocess.run([sys.executable, "train_tiny.py", "--methods", "ppo"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith("train_tiny.py: error: --methods: unknown method 'ppo'")
 
 
+@pytest.mark.slow  # a real run: about 40 s on 2 CPU cores
 def test_grpo_fixes_the_warm_ups_mistakes(tmp_path, monkeypatch):
     """python train_tiny.py --quick: a 300-step warm-up, then 40 GRPO updates, on the CPU.
 
@@ -697,19 +433,3 @@ def test_grpo_fixes_the_warm_ups_mistakes(tmp_path, monkeypatch):
     assert final["sampled_accuracy"] >= start["sampled_accuracy"] + 0.12
     assert final["accuracy"] >= start["accuracy"]
     assert final["accuracy_misconception"] >= start["accuracy_misconception"] + 0.27  # the habit
-
-
-def test_how_much_the_evaluation_set_overlaps_training(monkeypatch):
-    """The 200 evaluation problems come from their own seeded stream, but one-digit sums repeat: the README
-    states how many also occur among the warm-up's prompts (0.71) and seed 0's 60 x 16 training prompts (0.28)."""
-    args = tt.Args()
-    held_out = tiny_task.ProblemStream(args, args.warmup_seed + tt.HELD_OUT_STREAM).next(args.eval_size)
-    seen, real_next = [], tiny_task.ProblemStream.next
-    monkeypatch.setattr(tiny_task.ProblemStream, "next", lambda self, n: seen.extend(p := real_next(self, n)) or p)
-    tokenizer, rng = tiny_task.build_tokenizer(), random.Random(args.warmup_seed)
-    for _ in range(args.warmup_steps):  # the warm-up's batches, in its order, without the model
-        tiny_task.warmup_batch(args, tokenizer, rng, "cpu")
-    warmup = {tuple(p) for p in seen}
-    training = {tuple(p) for p in real_next(tiny_task.ProblemStream(args, 0), args.steps * args.prompts_per_step)}
-    assert sum(tuple(p) in warmup for p in held_out) / len(held_out) == pytest.approx(0.71, abs=0.005)
-    assert sum(tuple(p) in training for p in held_out) / len(held_out) == pytest.approx(0.28, abs=0.005)

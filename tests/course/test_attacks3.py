@@ -1,5 +1,5 @@
-"""A fourth round of attacks on the grader (course/), each a kind that tests/test_attacks.py,
-tests/test_attacks2.py, tests/test_sandbox.py, tests/test_course.py and tests/test_score.py do not
+"""A fourth round of attacks on the grader (course/), each a kind that tests/course/test_attacks.py,
+tests/course/test_attacks2.py, tests/course/test_sandbox.py, tests/course/test_course.py and tests/course/test_score.py do not
 try: each test is written from its attack's description, and was red on the grader it was written
 against (commit d41ea19): a test here that fails is an attack that falls. A student's code is BASE
 (the grpo handout's blank file) or CORRECT (the reference, run) plus the attack, as said. Run
@@ -21,7 +21,7 @@ from test_attacks2 import grade
 from test_sandbox import BASE, CORRECT, REFERENCE, ROOT, SEED, rows_of, run
 
 SANDBOX = grading.find_sandbox()
-pytestmark = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")]
 
 RETURN = "    return torch.where(all_equal, torch.zeros_like(centred), centred)\n"
 

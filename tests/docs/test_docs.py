@@ -12,7 +12,7 @@ import torch
 from lab import cli, compare, cscr
 import tokencredit as tc
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
 
 
 

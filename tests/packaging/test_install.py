@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what each Python must get: the newest releases that support it, as .ci/constraints.txt pins them
 EXPECTED = {"3.10": dict(transformers="5.20.2", numpy="2.2.6", matplotlib="3.10.9"),
             "3.13": dict(transformers="5.24.0", numpy="2.4.6", matplotlib="3.11.2")}

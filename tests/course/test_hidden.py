@@ -3,8 +3,8 @@
 The repository is public, so what is hidden is the inputs: shapes, lengths, empty responses,
 values, ties, eps, strengths, modes ("group_token" included) all come from the seed.
 
-    TOKENCREDIT_SEED=20270 python -m pytest -q tests/test_hidden.py    # an instructor's own draw
-    python -m pytest -q tests/test_hidden.py                            # seed 0, as CI runs it
+    TOKENCREDIT_SEED=20270 python -m pytest -q tests/course/test_hidden.py    # an instructor's own draw
+    python -m pytest -q tests/course/test_hidden.py                            # seed 0, as CI runs it
 
 Each test calls one function of one exercise on its own and compares it with the plain-loop
 references of test_tokencredit.py (the repository's copy, which holds the loops: keep it beside

@@ -17,7 +17,7 @@ import tiny_task
 import train_tiny as tt
 from lab import cli, failures, records
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
 
 
 def test_the_flags_default_changes_nothing():

@@ -1,12 +1,12 @@
 """Tests for the course kit (course/): its source surgery, its protocol, and the attacks of issue
 34, each graded in a class by `grade-all` (twice, in two orders) and by the Gradescope bundle run
 locally (`grade PATH` grades the same way in one process as `grade-all`: it is tried on the memory
-bomb, on issue 42's attacks in tests/test_sandbox.py, and against the other routes below). The
-plants' points are tests/test_score.py's; selfcheck's handout part runs here on one set.
+bomb, on issue 42's attacks in tests/course/test_sandbox.py, and against the other routes below). The
+plants' points are tests/course/test_score.py's; selfcheck's handout part runs here on one set.
 
 The attacks run in bubblewrap sandboxes (course/grading.py), as root or not; where bwrap cannot run
 (docs/instructors.md says what is then unprotected) the attacks that read the grader's files are
-left out, and grade-all is told --no-sandbox-ok. tests/test_sandbox.py holds issue 42's attacks.
+left out, and grade-all is told --no-sandbox-ok. tests/course/test_sandbox.py holds issue 42's attacks.
 """
 
 import ast
@@ -25,6 +25,8 @@ import torch
 
 from course import flags, grading, protocol, report, source
 from course.exercises import CORRECT, ENDLESS, EXERCISES, MISTAKES, SETS, names
+
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
 ROOT = grading.ROOT
 REFERENCE = grading.read(os.path.join(ROOT, "tokencredit.py"))
@@ -282,7 +284,7 @@ def replay_attack(tmp_path) -> str:
     the inputs a handout's tests (fixed, and the hidden set at seed 0) pass, NotImplementedError
     on any other input. Recorded by running those tests on the reference."""
     work = tmp_path / "record"
-    (work / "tests").mkdir(parents=True)
+    (work / "tests" / "course").mkdir(parents=True)
     record = RECORDER + f'''
 _SEEN = set()
 for _n in {NAMES!r}:

@@ -1,6 +1,6 @@
 """tokencredit_trl against TRL 1.16's own GRPOTrainer (needs TRL; skipped without it).
 
-    .venv-trl/bin/python -m pytest -q tests/test_trl_tokencredit.py   # -s prints the differences
+    .venv-trl/bin/python -m pytest -q tests/bridges/test_trl_tokencredit.py   # -s prints the differences
 
 Every model here is built in code from a config (random weights, nothing downloaded): train_tiny's
 tiny GPT-2 unless a test names another family. A rollout batch is built the way TRL's
@@ -1134,7 +1134,7 @@ def test_the_yaml_presets_are_the_flag_presets():
     """examples/dapo.yaml and cscr.yaml, read by TrlParser, run what `python -m tokencredit_trl
     --preset dapo` (or cscr) runs: the same GRPOConfig settings and the same resolved Credit."""
     from tokencredit_trl import tiny, train
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for preset in ("dapo", "cscr"):
         task, config, args = train.parse_args(
             ["--config", os.path.join(root, "tokencredit_trl", "examples", f"{preset}.yaml")])
@@ -1215,7 +1215,7 @@ def test_the_trl_version_is_checked_at_import(version, accepted):
             check_trl_version(version)
 
 # -----------------------------------------------------------------------------
-# two processes (not a pytest test): torchrun --nproc_per_node 2 tests/test_trl_tokencredit.py
+# two processes (not a pytest test): torchrun --nproc_per_node 2 tests/bridges/test_trl_tokencredit.py
 # (docs/trl.md has its output). Global fill over rounds where the informative groups sit on
 # one process: both keep the same groups, process 0 trains on process 1's rows, nothing hangs.
 

@@ -17,7 +17,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what may land at the top of site-packages: the module, and the bridges' packages
 ALLOWED = {"tokencredit.py", "tokencredit_trl", "tokencredit_verl"}
 # what runs from a clone only

@@ -16,6 +16,8 @@ from course.__main__ import main
 from course.exercises import EXERCISES, SETS
 from course.handout import all_answers, scan_handout, write_handout
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
+
 ROOT = grading.ROOT
 REFERENCE = grading.read(os.path.join(ROOT, "tokencredit.py"))
 GRPO = SETS["grpo"]

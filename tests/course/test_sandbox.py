@@ -3,7 +3,7 @@ no more than its base (a blank: 0) from `grade-all`, `grade PATH` and the bundle
 their grades; nothing crashes or hangs. One class run holds most of the attacks.
 
 Needs bubblewrap (bwrap) that can run here. The run as an ordinary user (`tester`: grade-all,
-grade PATH and the bundle; graded_as_tester) runs in tests/test_attacks.py, its class shared with
+grade PATH and the bundle; graded_as_tester) runs in tests/course/test_attacks.py, its class shared with
 that file's attacks; it needs root and is skipped otherwise.
 """
 
@@ -30,7 +30,7 @@ BASE = source.blank(REFERENCE, SETS["grpo"])  # a grpo handout's file: every att
 PLANT = next(m for m in MISTAKES if m[0] == 1)  # a planted mistake of exercise 1
 PY = sys.executable
 SEED = 20271
-pytestmark = pytest.mark.skipif(grading.find_sandbox() is None, reason="bwrap cannot run here")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(grading.find_sandbox() is None, reason="bwrap cannot run here")]
 
 JUDGE = '''
 import os as _os, stat as _stat, socket as _socket, struct as _struct, time as _time
@@ -425,14 +425,14 @@ def as_tester(command: list, home) -> subprocess.CompletedProcess:
 
 def graded_as_tester(tmp_path, tester, more: dict, options: list) -> dict:
     """An ordinary user grades in sandboxes too: grade-all, grade PATH and the bundle, as `tester`
-    (root to become it). tests/test_attacks.py's test_as_an_ordinary_user_too runs this, with its
+    (root to become it). tests/course/test_attacks.py's test_as_an_ordinary_user_too runs this, with its
     own attacks in the same class (more: {file name: text}; options: grade-all's, its memory
     limit): one grade-all as tester for both files. The class's rows."""
     kit = tmp_path / "kit"  # the course kit where tester can read it, with its cached map
-    (kit / "tests").mkdir(parents=True)
+    (kit / "tests" / "course").mkdir(parents=True)
     for name in ("course", ".course-cache"):
         shutil.copytree(os.path.join(ROOT, name), kit / name)
-    for name in ("tests/test_official.py", "tokencredit.py", "test_tokencredit.py"):
+    for name in (grading.OFFICIAL, "tokencredit.py", "test_tokencredit.py"):
         shutil.copy(os.path.join(ROOT, name), kit / name)
     attacks = ("a-zombie", "a-leftover", "a-proc")  # those that reach past their own process
     write_class(tmp_path / "class", classmates=False, attacks=attacks)

@@ -5,7 +5,7 @@ gspo; token-mean, seq-mean-token-mean, seq-mean-token-sum-norm; grpo and rloo ad
 plugin gives verl's value and gradient; where it has none (the per-prompt token mean), it gives
 tokencredit.policy_loss's; split into data-parallel shards or micro-batches, it adds up to the
 whole batch's. Skipped where verl is not installed (its own virtualenv: .ci/verl-env.sh).
-`python -m pytest tests/test_verl_plugin.py -s` prints the differences docs/verl.md tabulates.
+`python -m pytest tests/bridges/test_verl_plugin.py -s` prints the differences docs/verl.md tabulates.
 """
 
 import os
@@ -241,7 +241,7 @@ def test_the_documented_dapo_overrides_compose_with_verls_config():
     import re
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     page = open(os.path.join(root, "docs", "verl.md")).read()
     command = re.search(r"```bash\npython -m verl.trainer.main_ppo (.*?)```", page, re.S).group(1)
     overrides = [word for word in command.replace("\\\n", " ").split() if "=" in word]

@@ -1,7 +1,7 @@
 """Issue 42's scoring side: expected values the student cannot touch, one file one score, correct
 code that does not lose for where it puts a line, and the flag scan's reach through attributes.
 
-    python tests/test_score.py [SEEDS]    the note's table: each plant's points over SEEDS seeds
+    python tests/course/test_score.py [SEEDS]    the note's table: each plant's points over SEEDS seeds
                                           (default 20), officially and in a handout
 
 One grader (module scope, each file's seed from SECRET) serves the in-process cases; the routes
@@ -23,9 +23,11 @@ import zipfile
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # run as a script
 from course import flags, grading, source
 from course.exercises import CORRECT, EXERCISES, MISTAKES, SETS, names
+
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
 ROOT = grading.ROOT
 REFERENCE = grading.read(os.path.join(ROOT, "tokencredit.py"))
@@ -237,7 +239,7 @@ def test_a_mistake_found_on_some_draws_only_still_gets_one_score_on_every_route(
 
 
 def official_tests() -> dict:
-    """{test as the judge names it: (its function, its parameters)}: tests/test_official.py's,
+    """{test as the judge names it: (its function, its parameters)}: tests/course/test_official.py's,
     each parametrized case by pytest's id (the closest decorator's value first)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     official, out = importlib.import_module("test_official"), {}
@@ -283,7 +285,7 @@ def failures_in_process(tests: dict, text, seed: int) -> dict:
 
 
 def test_the_reference_passes_the_official_hidden_set_on_every_seed():
-    """In-process, no grader: every test of tests/test_official.py on the reference at seeds
+    """In-process, no grader: every test of tests/course/test_official.py on the reference at seeds
     1 to 5 (CI's pytest runs seed 0; 1,000 seeds passed when it was written). There is no
     second chance: a fresh test the reference failed would count against the student."""
     tests = official_tests()
@@ -293,7 +295,8 @@ def test_the_reference_passes_the_official_hidden_set_on_every_seed():
     assert failed == {}
 
 
-HIDDEN_SHA = "8b5d95215574dc95e8d1f647d5fba363fd704a68d3a8ad4467bc31d6e28397dc"  # 4e1634f's
+HIDDEN_SHA = "8917a90e9417f199b306616c029640209ac134db23d93ffb79e54ddb055def25"  # 4e1634f's, but
+# for the path its docstring gives (tests/course/test_hidden.py since the tests are filed by part)
 
 
 def test_a_handout_carries_the_students_hidden_set_as_it_was_and_not_the_official(tmp_path):
@@ -311,7 +314,7 @@ def test_a_handout_carries_the_students_hidden_set_as_it_was_and_not_the_officia
 
 def points_on_seeds(grader, k: int, text: str, tests: dict, seeds) -> list:
     """Exercise k's official points on each seed: the grader at the first (bubblewrap, the
-    judge), the others with only tests/test_official.py run again in this process and scored by
+    judge), the others with only tests/course/test_official.py run again in this process and scored by
     score() (the other tests draw nothing from the seed). At the first seed the in-process run
     must fail the same tests as the grader, or this stops."""
     grader.seed = seeds[0]
@@ -334,7 +337,7 @@ def points_on_seeds(grader, k: int, text: str, tests: dict, seeds) -> list:
 
 def test_every_plant_costs_the_same_on_every_seed(grader):
     """Each plant and correct variant at seeds 0, 1 and 2 (points_on_seeds: one graded run, the
-    other seeds in this process); `python tests/test_score.py 20` gives the note's twenty."""
+    other seeds in this process); `python tests/course/test_score.py 20` gives the note's twenty."""
     mistakes, tests = {what for _, what, _ in MISTAKES}, official_tests()
     for k, what, edits in MISTAKES + CORRECT:
         got = points_on_seeds(grader, k, source.apply_edits(REFERENCE, edits), tests, (0, 1, 2))

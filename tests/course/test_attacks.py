@@ -29,7 +29,7 @@ from test_sandbox import (BASE, CORRECT, JUDGE, PY, ROOT, SEED, descendants, fil
                           graded_as_tester, in_exercise_1, rows_of, run)
 
 SANDBOX = grading.find_sandbox()
-pytestmark = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")]
 
 MEMORY_MB = 512  # the class's --memory-limit
 JUDGE_MB = 640  # the most RSS a judge may reach (it starts at ~180 MB, peaks at ~330)

@@ -1,5 +1,5 @@
-"""A third round of attacks on the grader (course/), each a kind that tests/test_sandbox.py and
-tests/test_attacks.py do not try: each test is written from its attack's description, and a test
+"""A third round of attacks on the grader (course/), each a kind that tests/course/test_sandbox.py and
+tests/course/test_attacks.py do not try: each test is written from its attack's description, and a test
 here that fails is an attack that falls (the grader gives what it should not). A student's code is
 BASE (the grpo handout's blank file) plus the attack, unless said; most run through
 `grade PATH` (the same driver as grade-all and the bundle). Run alone: about 50 s under load.
@@ -18,7 +18,7 @@ from course import grading, source
 from test_sandbox import BASE, CORRECT, REFERENCE, SEED, rows_of, run
 
 SANDBOX = grading.find_sandbox()
-pytestmark = pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(SANDBOX is None, reason="bwrap cannot run here")]
 
 
 def grade(tmp_path, text: str, *extra, name="a.py"):

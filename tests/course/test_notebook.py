@@ -11,6 +11,8 @@ import pytest
 
 from course.ipynb import NOTEBOOK, SCRIPT, cells, notebook
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow
+
 ONE_CELL = """{
  "cells": [
   {

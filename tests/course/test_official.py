@@ -1,14 +1,14 @@
 """The official hidden set: the instructor's grade (`grade PATH` in the repository, `grade-all`,
-the Gradescope bundle) runs this file in place of tests/test_hidden.py. No handout carries it.
+the Gradescope bundle) runs this file in place of tests/course/test_hidden.py. No handout carries it.
 
-tests/test_hidden.py is the students' copy and stays as they have it. This file holds the same
+tests/course/test_hidden.py is the students' copy and stays as they have it. This file holds the same
 checks made strong enough that each planted mistake (course/exercises.py's MISTAKES) fails on every
 seed: a surplus, an unequal group, padding beside real tokens, a large k3, each kind of garbage;
 and test_inputs_unchanged, the one test the judge shows a child's writes into its inputs. Its
 fresh tests keep test_hidden.py's names (test_hidden_*): the grader calls them "fresh".
 
-    TOKENCREDIT_SEED=20270 python -m pytest -q tests/test_official.py   # a seed of your own
-    python -m pytest -q tests/test_official.py                           # seed 0, as CI runs it
+    TOKENCREDIT_SEED=20270 python -m pytest -q tests/course/test_official.py   # a seed of your own
+    python -m pytest -q tests/course/test_official.py                           # seed 0, as CI runs it
 
 The seed is read at each test (`draw`), not at import: the grader's judge collects this file once
 and gives each submission's fork its own seed. Each test calls one function of one exercise on its
