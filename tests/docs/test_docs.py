@@ -185,3 +185,21 @@ def test_bench_help_names_the_command_a_user_types():
     out = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=HERE, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.startswith("usage: python -m bench [-h]"), out
+
+
+def test_readme_intervals_are_what_its_commands_print(capsys):
+    """Every mean with its 95 % interval in the README's sentences ("-0.54 [-0.83, -0.26]") is
+    printed by one of the lab commands the README names, run on the committed results: the long
+    tables live in docs/lab.md, and the README's one-sentence answers quote them."""
+    readme = open(os.path.join(HERE, "README.md")).read()
+    commands = re.findall(r"^python -m lab (report|failures|sweep) (.+)$", readme, re.M)
+    assert {name for name, _ in commands} == {"report", "failures", "sweep"}, commands
+    for name, paths in commands:
+        cli.main([name, *[p for pattern in paths.split()
+                          for p in sorted(glob.glob(os.path.join(HERE, pattern)))]])
+    printed = capsys.readouterr().out
+    prose = "\n".join(line for line in readme.splitlines() if not line.startswith("|"))
+    number = r"[+-]\d+\.\d+"
+    quoted = re.findall(rf"{number} \[{number}, {number}\]", " ".join(prose.split()))
+    assert len(quoted) >= 7, quoted
+    assert not [q for q in quoted if q not in printed], [q for q in quoted if q not in printed]
