@@ -36,8 +36,7 @@ from .written import printable, shown, walk
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
 TESTS = "test_tokencredit.py"
-HIDDEN = os.path.join("tests", "course", "test_hidden.py")  # the students' hidden set: a handout's
-OFFICIAL = os.path.join("tests", "course", "test_official.py")  # the instructor's, in its place elsewhere
+HIDDEN = os.path.join("tests", "course", "test_hidden.py")  # the hidden set: every grade's
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
 SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
 BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret (or seed), limits
@@ -464,12 +463,10 @@ class Driver:
 # -----------------------------------------------------------------------------
 # the test map: which tests fail when one function is blank; computed once, kept in the cache
 
-def test_files(root=ROOT, official=True) -> dict:
-    """{name in the judge's folder: path}: the tests; the official hidden set where root holds it
-    (the repository, a bundle) and official is true, else the students' (a handout's, whose map
-    the repository computes with official=False); in a handout, the loops' outputs."""
-    hidden = OFFICIAL if official and os.path.exists(os.path.join(root, OFFICIAL)) else HIDDEN
-    return {os.path.basename(name): os.path.join(root, name) for name in (TESTS, hidden, SNAPSHOTS)
+def test_files(root=ROOT) -> dict:
+    """{name in the judge's folder: path}: the tests, the hidden set, and in a handout the loops'
+    outputs."""
+    return {os.path.basename(name): os.path.join(root, name) for name in (TESTS, HIDDEN, SNAPSHOTS)
             if name == TESTS or os.path.exists(os.path.join(root, name))}
 
 

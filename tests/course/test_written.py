@@ -368,3 +368,17 @@ def test_the_sheet_states_each_number_s_tolerance():
     stated = {qid: tol for tol, ids in table.items() for qid in re.findall(r"`([^`]+)`", ids)}
     assert stated == {q["id"]: written.tolerance(q) for q in written.questions(EXERCISES)
                       if q["number"]}
+
+
+NOTEPAD_FORM = "1.std: 0.866\n1.none: 0.5\n1.loo: 0.667\n"
+
+
+@pytest.mark.parametrize("saved", ["utf-8", "utf-8-sig", "utf-16"])
+def test_a_written_form_saved_with_a_bom_keeps_its_answers(tmp_path, saved):
+    """Windows Notepad saves UTF-8 with a byte order mark, or UTF-16 ("Unicode"): read_form
+    kept the mark, the first line read as "\\ufeff1.std: 0.866", "not `id: answer`", and its
+    right answer got 0 (2 of 3); in UTF-16 every answer got 0."""
+    (tmp_path / "written.txt").write_bytes(NOTEPAD_FORM.encode(saved))
+    rows, problems = written.grade(written.form_of(str(tmp_path)), [1])
+    assert sum(r["points"] or 0 for r in rows if r["id"] in ("1.std", "1.none", "1.loo")) == 3, (
+        problems)
