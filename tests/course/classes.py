@@ -354,6 +354,25 @@ _judge().sendall(_struct.pack("!II", len(_h), 0) + _h)
 }
 
 
+def nested_finally(functions: int, depth: int) -> str:
+    """functions functions, each of depth try/finally, each in the finally of the one above:
+    CPython compiles a finally body twice (on leaving normally, and on an exception), so the code
+    of one function grows as 2 ** depth."""
+    out = []
+    for f in range(functions):
+        out.append(f"def _f{f}():\n" + "".join(
+            f"{'    ' * (d + 1)}try:\n{'    ' * (d + 2)}_x = {d}\n{'    ' * (d + 1)}finally:\n"
+            for d in range(depth)) + f"{'    ' * (depth + 1)}_x = -1\n")
+    return "\n\n" + "\n\n".join(out)
+
+
+DRIVER_ATTACKS = {  # the driver's own work on a file, before any sandbox: each hung every route
+    # past 75 s under --time-limit 20. 300 KB of chained aliases: the flag scan's alias loop
+    # went over every assignment for each alias it found
+    "w-aliases": "\n_t0 = torch\n" + "".join(f"_t{i + 1} = _t{i}\n" for i in range(17_000)),
+    # 200 functions of 16 nested try/finally (430 KB): the driver's compile() grew per level
+    "w-finally": nested_finally(200, 16),
+}
 LONG = "\u5f20\u4f1f" * 15  # a student's name of 30 CJK characters (90 bytes): 270 when quoted
 
 
@@ -361,7 +380,7 @@ ONCE = ("a-devshm", "a-memfd", "a-forkmem", "a-inodes")  # in exercise 1's job o
 
 
 def attack_text(name: str) -> str:
-    code = {**LIMIT_ATTACKS, **CRASHES}[name]
+    code = {**LIMIT_ATTACKS, **CRASHES, **DRIVER_ATTACKS}[name]
     return BASE + (in_exercise_1(code) if name in ONCE else code)
 
 

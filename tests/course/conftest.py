@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from classes import (CRASHES, LIMIT_ATTACKS, LONG, MEMORY_MB, ROUTE, attack_sources, judges,
-                     rss_mb, write_attacks, write_class)
+from classes import (CRASHES, DRIVER_ATTACKS, LIMIT_ATTACKS, LONG, MEMORY_MB, ROUTE,
+                     attack_sources, judges, rss_mb, write_attacks, write_class)
 from submissions import BASE, CORRECT, PY, ROOT, SEED, UNBOXED, rows_of, run
 
 
@@ -32,7 +32,7 @@ def attacked(tmp_path_factory):
     """One grade-all of the attacks, the crashes and two classmates, as root (or whoever runs the
     tests), with --memory-limit MEMORY_MB; the most RSS (MB) of each judge and of the driver."""
     tmp = tmp_path_factory.mktemp("attacked")
-    write_attacks(tmp / "class", {**LIMIT_ATTACKS, **CRASHES})
+    write_attacks(tmp / "class", {**LIMIT_ATTACKS, **CRASHES, **DRIVER_ATTACKS})
     (tmp / "class" / f"{LONG}.py").write_text(BASE)
     for name in ("d-route-file.py", "d-route-dir/tokencredit.py"):  # the same bytes, twice
         (tmp / "class" / name).parent.mkdir(exist_ok=True)

@@ -104,13 +104,17 @@ def code_tests(results: dict) -> list:
     return [t for t in results["tests"] if t["name"].startswith("exercise ")]
 
 
-def run_bundle(root, text) -> dict:
+def run_bundle(root, text, form=None) -> dict:
+    """The bundle unzipped at root, run on tokencredit.py of this text (and written.txt of these
+    bytes): its results.json."""
     sub = root / "submission"
     if sub.exists():
         for p in sub.iterdir():
             p.unlink()
     sub.mkdir(exist_ok=True)
     (sub / "tokencredit.py").write_text(text)
+    if form is not None:
+        (sub / "written.txt").write_bytes(form)
     env = dict(os.environ, AUTOGRADER_ROOT=root.name, PYTHON=PY)  # relative, as a user may give
     done = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env,
                           cwd=root.parent, capture_output=True, text=True, timeout=600)

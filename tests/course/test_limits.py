@@ -7,13 +7,17 @@ with --memory-limit MEMORY_MB.
 Needs bubblewrap (bwrap) that can run here.
 """
 
+import json
 import pathlib
+import time
 
 import pytest
 
-from classes import CRASHES, LIMIT_ATTACKS, LONG, MEMORY_MB, ONCE, number_in
+from classes import CRASHES, DRIVER_ATTACKS, LIMIT_ATTACKS, LONG, MEMORY_MB, ONCE, number_in
 from course import grading
-from submissions import (BASE, SANDBOX, SEED, code_tests, grade, grade_path, needs_bwrap, run)
+from course.flags import scan
+from submissions import (BASE, SANDBOX, SEED, code_tests, grade, grade_path, needs_bwrap, run,
+                         run_bundle)
 
 pytestmark = [pytest.mark.slow, needs_bwrap]
 JUDGE_MB = 640  # the most RSS a judge may reach (it starts at ~180 MB, peaks at ~330)
@@ -141,3 +145,35 @@ def test_grade_path_reports_a_crash_attack_as_a_row(tmp_path, name):
     done = run("grade", tmp_path / "c.py", "--set", "grpo", "-e", "1", "--seed", SEED,
                timeout=120)
     assert done.returncode == 0 and b"0.0/10" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_flag_scan_is_linear_in_a_chain_of_aliases():
+    """Each alias of a module (`_t1 = _t0`) made the scan go over every assignment again: the
+    chain of DRIVER_ATTACKS, 17,000 long, hung every route past 75 s. Half of it, then all of it:
+    linear, the whole in seconds, and its last link's write is still the module's."""
+    took = []
+    for n in (8_500, 17_000):
+        text = "import torch\n_t0 = torch\n" + "".join(f"_t{i + 1} = _t{i}\n" for i in range(n))
+        started = time.process_time()
+        flags = scan(text + f"_t{n}.equal = None\n")
+        took.append(time.process_time() - started)
+        assert flags == [f"line {n + 3}: writes an attribute of the module _t{n}"], flags
+    assert took[1] < 10 and took[1] < 4 * took[0] + 1, took
+
+
+@pytest.mark.parametrize("name", sorted(DRIVER_ATTACKS))
+def test_the_driver_s_own_work_on_a_file_is_bounded_on_every_route(attacked, bundle, tmp_path,
+                                                                   name):
+    """The driver parsed, compiled and scanned a file before any sandbox, with no limit: each of
+    DRIVER_ATTACKS hung grade PATH, grade-all and the bundle past 75 s (the driver at 452 MB).
+    Now that work runs in a process of its own under grading.WORK, and each route ends: the file
+    gets its base (0), and where a limit stopped the work, a line that says so."""
+    _, root, _ = bundle
+    said = "the grader's own work on it (parse, compile, flag scan) passed its limits"
+    started = time.monotonic()
+    printed = grade(tmp_path, BASE + DRIVER_ATTACKS[name], "--time-limit", 20)
+    assert time.monotonic() - started < 75 and "total 0.0/30" in printed, printed[-3000:]
+    row, got = attacked["rows"][name], run_bundle(root, BASE + DRIVER_ATTACKS[name])
+    assert row["total"] == "0.00" and got["score"] == 0, (row, got)
+    assert (said in printed) == (said in row["notes"]) == (said in json.dumps(got)) == (
+        name == "w-finally"), (row["notes"], printed[-2000:])

@@ -77,3 +77,22 @@ def test_a_submitted_course_map_does_not_choose_the_set(tmp_path):
     got = grade_path(folder, tmp_path / "out.json")
     assert [t["name"][:10] for t in code_tests(got)] == [f"exercise {k}" for k in EXERCISES]
     assert "course_map.json" in got["output"]  # and it is flagged
+
+
+@needs_bwrap
+def test_a_form_saved_as_utf_16_gets_its_points_on_every_route(bundle, tmp_path):
+    """Notepad's "Unicode" (UTF-16 with its BOM, CRLF lines): a correct form got 20 from grade
+    PATH and 0 from grade-all. One reading, course/submission.py's, on every route: 20 each."""
+    from test_written import filled
+    _, root, _ = bundle
+    form = filled([1, 3, 5]).replace("\n", "\r\n").encode("utf-16")
+    (tmp_path / "class" / "aaa").mkdir(parents=True)
+    (tmp_path / "class" / "aaa" / "tokencredit.py").write_text(BASE)
+    (tmp_path / "class" / "aaa" / "written.txt").write_bytes(form)
+    done = run("grade-all", tmp_path / "class", "--set", "grpo", "--seed", SEED, "--csv",
+               tmp_path / "g.csv", "--gradescope-dir", tmp_path / "gs", timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ways = [json.loads((tmp_path / "gs" / "aaa" / "results.json").read_text()),
+            grade_path(tmp_path / "class" / "aaa", tmp_path / "one.json", "--set", "grpo"),
+            run_bundle(root, BASE, form)]
+    assert [way["score"] for way in ways] == [20, 20, 20], ways

@@ -124,18 +124,19 @@ def test_a_fork_bomb_is_held_to_the_process_limit_and_its_uid_is_not_root(tmp_pa
 def test_as_an_ordinary_user_too():
     """As `tester`, in one class with SANDBOX_ATTACKS' (graded_as_tester: those that reach past
     their own process, grade PATH and the bundle): /dev (a sandbox under the grader's own uid),
-    beside memfd and forked memory (not limited: test_limits.PER_PROCESS) and the format-string
-    limit."""
+    beside memfd and forked memory (not limited: test_limits.PER_PROCESS), the format-string
+    limit and the driver's own work (DRIVER_ATTACKS)."""
     try:
         tester = pwd.getpwnam("tester")
     except KeyError:
         pytest.skip("no user tester")
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="course-tester-"))  # pytest's is root's
     try:
-        more = {f"{name}.py": attack_text(name)
-                for name in ("a-devshm", "a-memfd", "a-forkmem", "c-format")}
+        more = {f"{name}.py": attack_text(name) for name in (
+            "a-devshm", "a-memfd", "a-forkmem", "c-format", "w-aliases", "w-finally")}
         rows = graded_as_tester(tmp, tester, more, ["--memory-limit", str(MEMORY_MB)])
         assert number_in(rows["a-devshm"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
+        assert rows["w-aliases"]["total"] == rows["w-finally"]["total"] == "0.00", rows
     finally:
         shutil.rmtree(tmp)
 
