@@ -238,16 +238,16 @@ def notes(rows: list, problems: list, instructor: bool) -> list:
 def lines(rows: list, problems: list, instructor: bool) -> list:
     """What `grade` prints. The instructor's: the points, each number not right with what was
     expected, the answers to grade by hand. A handout's (no values): what could not be read."""
+    said = [q for n in notes(rows, problems, instructor) for q in quoted(n, "    ")]
     if not instructor:
         return [f"written ({FORM}): {sum(r['read'] for r in rows)} of {len(rows)} answers read; "
-                "your instructor grades them"] + [f"    {n}" for n in notes(rows, problems, False)]
+                "your instructor grades them"] + said
     auto, hand = [r for r in rows if r["number"]], [r for r in rows if not r["number"]]
     return ([f"written ({FORM}): {sum(r['points'] for r in auto):g}/"
              f"{sum(r['max'] for r in auto):g} points for numbers; {len(hand)} answers to grade "
-             f"by hand ({sum(r['max'] for r in hand):g} points)"]
-            + [f"    {n}" for n in notes(rows, problems, True)]
-            + [f"    {r['id']}, by hand ({r['max']:g} points): {r['answer'][:70]!r}"
-               for r in hand if r["read"]])
+             f"by hand ({sum(r['max'] for r in hand):g} points)"] + said
+            + [q for r in hand if r["read"] for q in quoted(
+                f"{r['id']}, by hand ({r['max']:g} points): {r['answer'][:70]!r}", "    ")])
 
 
 def gradescope_tests(rows: list, problems: list) -> list:
@@ -317,3 +317,18 @@ def printable(text: str, one_line=False) -> str:
         for line in text.split("\n"))
     return out.replace("\n", "\\n") if one_line else out
 
+
+REPORT_WIDTH = 78  # columns at most of a report line that holds a student's text: none wraps
+
+
+def quoted(text: str, indent: str) -> list:
+    """Text that holds a student's, as report lines of its own: each `indent> ` and at most
+    REPORT_WIDTH columns (a wide character counts 2), each character that does not print escaped
+    and runs of spaces folded, so that no part of it starts a row (docs/instructors.md)."""
+    lines, line, room = [], "", REPORT_WIDTH - len(indent) - 2
+    for c in re.sub(" {2,}", " ", printable(text, one_line=True)):
+        if sum(1 + (unicodedata.east_asian_width(x) in "WFA") for x in line + c) > room:
+            cut = line.rfind(" ") + 1 or len(line)  # after its last space, else here
+            lines, line = lines + [line[:cut]], line[cut:]
+        line += c
+    return [f"{indent}> {piece}" for piece in lines + [line]]

@@ -7,6 +7,7 @@ the Gradescope bundle, each run as an instructor runs it.
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -76,12 +77,18 @@ def run(*args, timeout=900, **kwargs):
                           capture_output=True, timeout=timeout, **kwargs)
 
 
+def unquoted(report: str) -> str:
+    """A report with each student's text (written.quoted: lines of its own, `> `, cut to fit a
+    terminal) joined back onto the line above, as it came: what a test searches."""
+    return re.sub(r"\n *> ", "", report)
+
+
 def grade(tmp_path, text: str, *extra, name="a.py"):
-    """grade PATH's stdout (set grpo, the fixed seed) for a file of this text."""
+    """grade PATH's stdout (set grpo, the fixed seed) for a file of this text, unquoted."""
     (tmp_path / name).write_text(text)
     done = run("grade", tmp_path / name, "--set", "grpo", "--seed", SEED, *extra, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.decode()
+    return unquoted(done.stdout.decode())
 
 
 def grade_path(path, out, *extra) -> dict:

@@ -5,12 +5,13 @@ sheet.
 
 import csv
 import json
+import unicodedata
 
 import pytest
 
 from classes import LIMIT_ATTACKS
 from course import grading, report
-from submissions import BASE, SEED, needs_bwrap, run
+from submissions import BASE, CORRECT, SEED, needs_bwrap, run
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
@@ -60,3 +61,40 @@ def test_grade_path_prints_no_control_character(tmp_path):
     assert done.returncode == 0 and b"0.0/10" in done.stdout, done
     assert b"\x1b" not in done.stdout and "\u202e".encode() not in done.stdout, done.stdout
     assert "\ntotal\u2800".encode() not in done.stdout, done.stdout
+
+
+def rows_at(width: int, text: str) -> list:
+    """text as a terminal `width` columns wide shows it: each line cut into rows (a wide
+    character takes two columns)."""
+    out = []
+    for line in text.split("\n"):
+        row, used = "", 0
+        for c in line:
+            w = 1 + (unicodedata.east_asian_width(c) in "WF")
+            if used + w > width:
+                out, row, used = out + [row], "", 0
+            row, used = row + c, used + w
+        out.append(row)
+    return out
+
+
+# exercise 5's load error (grade -e 5 of a file whose functions are written) with a row of its own
+# inside: the report's line up to the message was 76 columns ("exercise 5  aggregation ... points
+# ValueError: "), so at 80 the row `total 30.0/30 points` started a line of the terminal
+FORGED = 'raise ValueError("x" + " " * 3 + "total 30.0/30 points" + " " * 60 + "exercise 6")\n'
+
+
+@needs_bwrap
+def test_a_student_s_text_never_starts_a_row_of_the_report(tmp_path):
+    """An 80-column terminal showed a forged `total 30.0/30 points` above the real total, made of
+    spaces inside exercise 5's load-error message (the JSON and the CSV were right). A student's
+    text now stands on lines of its own, `> ` first, escaped, runs of spaces folded, at most 78
+    columns: it starts no row of the terminal."""
+    (tmp_path / "f.py").write_text(CORRECT + "\n" + FORGED)
+    done = run("grade", tmp_path / "f.py", "--set", "grpo", "-e", "5", "--seed", SEED,
+               timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = rows_at(80, done.stdout.decode())
+    assert [r for r in shown if r.startswith(("total", "exercise"))] == [
+        next(r for r in shown if r.startswith("exercise 5 ")), "total 0.0/10 points"], shown
+    assert any("> ValueError: x total 30.0/30 points exercise 6" in r for r in shown), shown

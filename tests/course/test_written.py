@@ -16,6 +16,7 @@ from course.__main__ import main
 from course.exercises import EXERCISES, SETS
 from course.handout import all_answers, scan_handout, write_handout
 from course.submission import read_student
+from submissions import unquoted
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
@@ -250,7 +251,7 @@ def test_grade_path_prints_the_written_grade_and_gradescope_holds_its_tests(tmp_
     path = submission(tmp_path / "alice", filled(GRPO, **{"1_std": 0.9, "1_none": "half"}))
     main(["grade", path, "--set", "grpo", "--seed", "1", "--gradescope",
           str(tmp_path / "r.json")])
-    said = capsys.readouterr().out
+    said = unquoted(capsys.readouterr().out)
     assert "written (written.txt): 18/20 points for numbers; 3 answers to grade by hand" in said
     assert "1.std: wrong: 0.9 is not the expected value (to within ±0.01) [expected 0.866 to " \
            "within ±0.01]" in said  # the instructor's: what was expected
