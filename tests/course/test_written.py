@@ -15,7 +15,6 @@ from course import bundle, grading, written
 from course.__main__ import main
 from course.exercises import EXERCISES, SETS
 from course.handout import all_answers, scan_handout, write_handout
-from course.submission import read_student
 from submissions import unquoted
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow
@@ -45,6 +44,7 @@ def graded(text, exercises=GRPO):
 
 def form_of(path) -> tuple:
     """The form handed in with a submission at path, as every route reads it."""
+    from course.submission import read_student
     return read_student(None, os.path.abspath(path), form_beside=True)["form"]
 
 
