@@ -203,17 +203,21 @@ class Listing(list):
         pass
 
 
-def hooked(monkeypatch, owner, name: str, match, swap) -> list:
-    """owner.name(...) runs as before, and the first time match(its arguments, its answer) holds,
-    swap() runs right after it returns; the list it returns says whether it ran."""
+def hooked(monkeypatch, owner, name: str, match, swap, before=False) -> list:
+    """owner.name(...) runs as before, and the first time match(its arguments, its keywords, its
+    answer) holds, swap() runs right after it returns (before: right before it is called, with
+    no answer yet); the list it returns says whether it ran."""
     real, done = getattr(owner, name), []
 
     def hook(*args, **kwargs):
+        if before and not done and match(args, kwargs, None):
+            done.append(name)
+            swap()
         out = real(*args, **kwargs)
         if name == "scandir":
             with out:
                 out = Listing(out)
-        if not done and match(args, out):
+        if not before and not done and match(args, kwargs, out):
             done.append(name)
             swap()
         return out
@@ -229,9 +233,10 @@ CCC = BASE + "\n_mine = 1\n"  # a blank, told apart by its bytes
 
 
 def raced_class(tmp_path, monkeypatch) -> tuple:
-    """The class of the races, hooked: aaa (a blank) swaps its folder for a link to bbb's (correct)
-    once the walk has listed it; ccc (a blank) does the same once its file is read; ddd (a blank
-    with a correct form) swaps written.txt for a FIFO right after its check. (The class, a
+    """The class of the races, hooked: aaa (a blank) swaps its folder for a link to bbb's (correct,
+    with a correct form) once the walk has listed it, right before its file is opened; ccc (a
+    blank) does the same once its file is read; ddd (a blank with a correct form) swaps
+    written.txt for a FIFO right after its check. (The class, a
     function that grades it in this process and returns {student: results.json}, and one that
     says which hooks ran.) A grade that blocks raises Hung after 240 s."""
     from course.__main__ import main
@@ -240,22 +245,27 @@ def raced_class(tmp_path, monkeypatch) -> tuple:
     for name, text in (("aaa", BASE), ("bbb", CORRECT), ("ccc", CCC), ("ddd", BASE)):
         (klass / name).mkdir(parents=True)
         (klass / name / "tokencredit.py").write_text(text)
-    (klass / "ddd" / "written.txt").write_text(filled([1, 3, 5]))
+    for name in ("bbb", "ddd"):
+        (klass / name / "written.txt").write_text(filled([1, 3, 5]))
     os.mkfifo(tmp_path / "fifo")
 
     def to_bbb(name):
         return lambda: (os.rename(klass / name, tmp_path / f"{name}-was"),
                         os.symlink("bbb", klass / name))
     aaa, form = os.stat(klass / "aaa").st_ino, os.stat(klass / "ddd" / "written.txt").st_ino
-    ran = [hooked(monkeypatch, os, "scandir",
-                  lambda args, _: bool(args) and os.stat(args[0]).st_ino == aaa, to_bbb("aaa")),
+
+    def opens_aaa_s_file(args, kwargs, _):  # by its path, or by its name in aaa's descriptor
+        named, at = str(args[0]), kwargs.get("dir_fd")
+        return named.endswith("tokencredit.py") and (
+            str(klass / "aaa") in named if at is None else os.fstat(at).st_ino == aaa)
+    ran = [hooked(monkeypatch, os, "open", opens_aaa_s_file, to_bbb("aaa"), before=True),
            hooked(monkeypatch, importlib.util, "decode_source",
-                  lambda args, _: args[0] == CCC.encode(), to_bbb("ccc"))]
+                  lambda args, *_: args[0] == CCC.encode(), to_bbb("ccc"))]
     swap_form = lambda: (tmp_path / "fifo").exists() and os.rename(  # noqa: E731 -- once:
         tmp_path / "fifo", klass / "ddd" / "written.txt")  # the form's inode may be reused later
     for name in ("lstat", "fstat"):
-        ran.append(hooked(monkeypatch, os, name, lambda _, out: getattr(out, "st_ino", 0) == form,
-                          swap_form))
+        ran.append(hooked(monkeypatch, os, name,
+                          lambda _, __, out: getattr(out, "st_ino", 0) == form, swap_form))
 
     def graded(*argv) -> dict:
         def hung(*_):
@@ -287,10 +297,10 @@ def test_a_class_raced_by_its_students_keeps_every_grade(tmp_path, monkeypatch):
     got = graded("grade-all", str(klass), "--strict", "--csv", str(tmp_path / "g.csv"),
                  "--gradescope-dir", str(tmp_path / "out"))
     rows = rows_of(tmp_path / "g.csv")
-    assert {name: got[name]["score"] for name in got} == dict(aaa=0, bbb=30, ccc=0, ddd=20), rows
+    assert {name: got[name]["score"] for name in got} == dict(aaa=0, bbb=50, ccc=0, ddd=20), rows
     assert not [row["flags"] for row in rows.values() if row["flags"]], rows
     hooks = set(ran())
-    assert {"scandir", "decode_source"} <= hooks and hooks & {"lstat", "fstat"}, hooks
+    assert {"open", "decode_source"} <= hooks and hooks & {"lstat", "fstat"}, hooks
 
 
 @needs_bwrap
@@ -301,7 +311,7 @@ def test_a_folder_raced_under_grade_path_is_read_as_it_stands(tmp_path, monkeypa
     got = [graded("grade", str(klass / name), "--gradescope", str(tmp_path / "out"))["score"]
            for name in ("aaa", "ddd")]
     hooks = set(ran())
-    assert got == [0, 20] and "scandir" in hooks and hooks & {"lstat", "fstat"}, hooks
+    assert got == [0, 20] and "open" in hooks and hooks & {"lstat", "fstat"}, hooks
 
 
 def swapped(kind: str):
@@ -353,7 +363,7 @@ def test_a_swap_met_by_the_walk_is_refused_never_followed(tmp_path, monkeypatch,
     (klass / at / "tokencredit.py").write_text(BASE)
     (klass / "aaa" / "written.txt").write_text("1.std: 0.5\n")
     listed = os.stat(klass / "aaa").st_ino
-    ran = hooked(monkeypatch, os, "scandir", lambda args, _: bool(args) and os.stat(
+    ran = hooked(monkeypatch, os, "scandir", lambda args, *_: bool(args) and os.stat(
         args[0]).st_ino == listed, lambda: swapped(kind)(klass / where))
     top = os.open(klass, os.O_RDONLY)
     try:
@@ -406,7 +416,7 @@ def test_a_file_swapped_right_after_its_check_is_read_as_checked(tmp_path, monke
     (tmp_path / "class" / "aaa" / "tokencredit.py").write_text(BASE)
     (tmp_path / "theirs.py").write_text(CORRECT)
     checked = os.stat(tmp_path / "class" / "aaa" / "tokencredit.py").st_ino
-    ran = hooked(monkeypatch, os, "fstat", lambda _, out: getattr(out, "st_ino", 0) == checked,
+    ran = hooked(monkeypatch, os, "fstat", lambda _, __, out: getattr(out, "st_ino", 0) == checked,
                  lambda: os.rename(tmp_path / "theirs.py", tmp_path / "class" / "aaa" /
                                    "tokencredit.py"))
     top = os.open(tmp_path / "class", os.O_RDONLY)
