@@ -5,6 +5,7 @@ descriptors, no link followed at any level, each file's bytes read once from the
 import contextlib
 import errno
 import importlib.util
+import itertools
 import os
 import stat
 
@@ -17,7 +18,8 @@ AS_IT_STANDS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def refused(name, error: OSError) -> ValueError:
-    said = {errno.ELOOP: "a symbolic link", errno.ENOTDIR: "not a folder (a link, or changed?)"}
+    said = {errno.ELOOP: "a symbolic link", errno.ENOTDIR: "not a folder (a link, or changed?)",
+            errno.EWOULDBLOCK: "held by another process (a lease)"}
     return ValueError(f"{shown(name)} is not read: {said.get(error.errno, error.strerror)}")
 
 
@@ -39,14 +41,15 @@ def open_at(top, parts, flags=FOLDER) -> int:
 
 def read_fd(fd: int, name: str, limit: int) -> tuple:
     """(the bytes, (device, inode)) of the regular file fd (AS_IT_STANDS), read through /proc from
-    that very inode, whatever its name holds now."""
+    that very inode, whatever its name holds now; without waiting on a lease its owner holds."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         kind = "not a regular file (a FIFO, a device, a folder, a socket)"
         raise ValueError(f"{shown(name)} is "
                          f"{'a symbolic link' if stat.S_ISLNK(info.st_mode) else kind}: not read")
     try:
-        with open(f"/proc/self/fd/{fd}", "rb") as f:
+        with open(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC),
+                  "rb") as f:
             data = f.read(limit + 1)
     except OSError as error:
         raise refused(name, error) from None
@@ -71,8 +74,9 @@ def walk(top: int, name: str) -> list:
     for parts in todo:  # breadth first: todo grows as it is read
         fd = open_at(top, parts)
         try:
-            with os.scandir(fd) as entries:
-                found = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
+            with os.scandir(fd) as entries:  # no more of a crowd than the limit is read
+                found = sorted((e.name, e.is_dir(follow_symlinks=False))
+                               for e in itertools.islice(entries, most + 1 - len(out)))
         except OSError as error:
             raise refused(os.path.join(name, *parts), error) from None
         finally:
