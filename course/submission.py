@@ -8,6 +8,7 @@ import importlib.util
 import itertools
 import os
 import stat
+import time
 
 from .written import FORM, NO_FORM, shown
 
@@ -39,17 +40,28 @@ def open_at(top, parts, flags=FOLDER) -> int:
     return fd
 
 
+def reopened(fd: int) -> int:
+    """The inode of fd opened to read, through /proc. A lease on it (its owner's process, a file
+    server's) is asked back and waited on 1 s at most, never the kernel's 45 s."""
+    for wait in (0.05, 0.2, 0.75, None):
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except BlockingIOError:
+            if wait is None:
+                raise
+            time.sleep(wait)
+
+
 def read_fd(fd: int, name: str, limit: int) -> tuple:
-    """(the bytes, (device, inode)) of the regular file fd (AS_IT_STANDS), read through /proc from
-    that very inode, whatever its name holds now; without waiting on a lease its owner holds."""
+    """(the bytes, (device, inode)) of the regular file fd (AS_IT_STANDS), read once from that
+    very inode (reopened), whatever its name holds now."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         kind = "not a regular file (a FIFO, a device, a folder, a socket)"
         raise ValueError(f"{shown(name)} is "
                          f"{'a symbolic link' if stat.S_ISLNK(info.st_mode) else kind}: not read")
     try:
-        with open(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC),
-                  "rb") as f:
+        with open(reopened(fd), "rb") as f:
             data = f.read(limit + 1)
     except OSError as error:
         raise refused(name, error) from None

@@ -438,8 +438,12 @@ def test_a_file_swapped_right_after_its_check_is_read_as_checked(tmp_path, monke
 
 
 LEASE = """import fcntl, os, signal, sys, time
-signal.signal(signal.SIGIO, signal.SIG_IGN)  # asked to let go: the kernel waits 45 s for it
-fds = [os.open(path, os.O_RDWR) for path in sys.argv[1:]]
+fds = [os.open(path, os.O_RDWR) for path in sys.argv[2:]]
+def let_go(*_):
+    for fd in fds:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+# asked to let go (SIGIO): a file server lets go; a student need not, and the kernel waits 45 s
+signal.signal(signal.SIGIO, let_go if sys.argv[1] == "polite" else signal.SIG_IGN)
 for fd in fds:
     fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
 print("held", flush=True)
@@ -447,33 +451,46 @@ time.sleep(300)
 """
 
 
-def test_a_file_held_by_a_lease_is_refused_without_waiting(tmp_path):
+def held(paths, how: str) -> subprocess.Popen:
+    """A process holding a write lease on each path, letting go when asked (polite) or not."""
+    holder = subprocess.Popen([PY, "-c", LEASE, how, *map(str, paths)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    if holder.stdout.readline() != "held\n":
+        pytest.skip(f"no write lease here: {holder.communicate(timeout=60)[1][-300:]}")
+    return holder
+
+
+@pytest.mark.parametrize("how", ["hostile", "polite"])
+def test_a_file_held_by_a_lease_is_read_or_refused_without_waiting(tmp_path, how):
     """A student's own process holds a write lease on their file and on their form: any other
     open of either waits until the lease is let go, or the kernel breaks it (lease-break-time,
     45 s): grade PATH took 52 s for one file, and grade-all as much per student. Read as each
     route reads it (grade-all's folder, grade PATH's file and the form beside it, the bundle's
-    folder), each is refused at once, and says why."""
+    folder), each is refused within a second or so, and says why; and a holder that lets go when
+    asked, as a file server does, costs its student nothing."""
     from course.submission import read_student
     (tmp_path / "aaa").mkdir()
-    held = [tmp_path / "aaa" / "tokencredit.py", tmp_path / "aaa" / "written.txt"]
-    held[0].write_text(BASE)
-    held[1].write_text("1.std: 0.866\n")
-    holder = subprocess.Popen([PY, "-c", LEASE, *map(str, held)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    paths = [tmp_path / "aaa" / "tokencredit.py", tmp_path / "aaa" / "written.txt"]
+    paths[0].write_text(BASE)
+    paths[1].write_text("1.std: 0.866\n")
+    got, top = [], os.open(tmp_path, os.O_RDONLY)
     try:
-        if holder.stdout.readline() != "held\n":
-            pytest.skip(f"no write lease here: {holder.communicate(timeout=60)[1][-300:]}")
-        top = os.open(tmp_path, os.O_RDONLY)
-        started = time.monotonic()
-        try:
-            got = [read_student(top, "aaa"), read_student(None, str(held[0]), form_beside=True),
-                   read_student(None, str(tmp_path / "aaa"))]
-        finally:
-            os.close(top)
-        assert time.monotonic() - started < 10
-        for student in got:
+        for read in (lambda: read_student(top, "aaa"),
+                     lambda: read_student(None, str(paths[0]), form_beside=True),
+                     lambda: read_student(None, str(tmp_path / "aaa"))):
+            holder = held(paths, how)  # again for each: a lease broken is gone
+            try:
+                started = time.monotonic()
+                got.append(read())
+                assert time.monotonic() - started < 10
+            finally:
+                holder.kill()
+                holder.wait()
+    finally:
+        os.close(top)
+    for student in got:
+        if how == "hostile":
             assert "held by another process" in student["why"], student
             assert "held by another process" in student["form"][1], student
-    finally:
-        holder.kill()
-        holder.wait()
+        else:
+            assert student["source"] == BASE and student["form"] == ("1.std: 0.866\n", None)
