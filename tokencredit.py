@@ -261,9 +261,8 @@ def token_weights(mask: torch.Tensor, mode: str, group_size: Optional[int] = Non
     Args: mask (N, T); group_size ("group_token"); max_len, Dr. GRPO's budget ("constant"). Returns:
     (N, T) float32, 0 on padding and (a count of 0 clamped to 1) on empty responses, not NaN.
     """
-    N, T = _check_tensors(("N", "T"), mask=mask)
-    mask = _check_mask(mask, (N, T))
-    _check_aggregation(N, mode, group_size, max_len)
+    mask = _check_mask(mask, ("N", "T"))
+    _check_aggregation(mask.shape[0], mode, group_size, max_len)
     return mask / _loss_denominators(mask, mode, group_size, max_len)[:, None]  # (N, T)
 
 
@@ -549,9 +548,9 @@ def _number(x) -> float:
 
 
 def _check_tensors(*shapes: tuple, floating: bool = False, device=None, **tensors) -> tuple:
-    """Each tensor (its argument's name = the tensor) must be a torch.Tensor of one of the shapes
-    (each size a number, or a letter for any size), floating point if asked, on device if one is
-    given; the ones after the first, of its shape and on its device. Returns the first's shape."""
+    """Each tensor, given as name=tensor, must be a torch.Tensor of one of the shapes (a size, or
+    a letter: any), floating point if asked, on device if given; after the first, of the first's
+    shape and device. Returns the first's shape."""
     first = None
     for name, x in tensors.items():
         tensor = torch.is_tensor(x)
@@ -583,16 +582,14 @@ def _check_aggregation(N: int, mode: str, group_size, max_len) -> None:
 def _check_mask(mask, shape: tuple, device=None) -> torch.Tensor:
     """mask must be a torch.Tensor of that shape, bool or numbers 0 and 1. Returns it as bool."""
     _check_tensors(shape, device=device, mask=mask)
-    if mask.dtype == torch.bool:
-        return mask
-    _check_values("mask", mask, (mask == 0) | (mask == 1), "0 or 1")
-    return mask != 0
+    if mask.dtype != torch.bool:
+        _check_values("mask", mask, (mask == 0) | (mask == 1), "0 or 1")
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def _check_values(name: str, x: torch.Tensor, ok: torch.Tensor, expected: str,
                   mask: Optional[torch.Tensor] = None) -> None:
-    """Where ok is False, x holds a value that is not what was expected (only the real tokens
-    count, when a mask is given): the message shows the first."""
+    """x's values where ok is False are not what was expected (on real tokens, given a mask)."""
     real = ~ok if mask is None else ~ok & mask.view(mask.shape + (1,) * (x.dim() - mask.dim()))
     if real.any():
         at = tuple(real.nonzero()[0].tolist())
