@@ -351,7 +351,7 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     loss = _aggregate(per_token, mask, mode, group_size, max_len)  # sum_{i,t} w_{i,t} per_token
     inputs = dict(logp=logp, old_logp=old_logp, advantages=advantages,
                   ref_logp=ref_logp if beta > 0 else None)  # checked with the statistics
-    return loss, _loss_stats(inputs, mask, ratio, A, kl, eps_low, eps_high)
+    return loss, _loss_stats(loss, inputs, mask, ratio, A, kl, eps_low, eps_high)
 
 
 def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -597,25 +597,31 @@ def _check_values(name: str, x: torch.Tensor, ok: torch.Tensor, expected: str,
         _check_that(False, name, f"be {expected}{on}", f"{x[at].item()} at index {at}")
 
 
-def _loss_stats(inputs: dict, mask: torch.Tensor, ratio: Optional[torch.Tensor], A: torch.Tensor,
-                kl: Optional[torch.Tensor], eps_low: float, eps_high: float) -> Dict[str, float]:
-    """policy_loss's statistics over the real tokens, read from the device at once with the sum
-    of each input (name: tensor or None), padding and all: finite if the input is. If a value is
-    not (a NaN or an inf on a real token, or only in padding, or an overflow), look which input."""
+def _loss_stats(loss: torch.Tensor, inputs: dict, mask: torch.Tensor,
+                ratio: Optional[torch.Tensor], A: torch.Tensor, kl: Optional[torch.Tensor],
+                eps_low: float, eps_high: float) -> Dict[str, float]:
+    """policy_loss's statistics over the real tokens, read from the device at once with what shows
+    whether its inputs (name: tensor or None) are finite there: a NaN or an inf on a real token
+    makes the loss or a sum here NaN or inf, or the least ratio 0 (exp(-inf)). Then (or after an
+    overflow or an underflow) look which input is not."""
     with torch.no_grad():
-        sums = {name: x.sum() for name, x in inputs.items() if x is not None}
-        sums["num_tokens"] = torch.count_nonzero(mask).double()
+        sums = dict(loss=loss, num_tokens=torch.count_nonzero(mask).double())
+        if inputs["advantages"].dim() == 1:  # every response's, an empty one's too
+            sums["advantages"] = inputs["advantages"].sum()
+        if ratio is None and inputs["old_logp"] is not None:  # given to REINFORCE, which ignores it
+            sums["old_logp"] = inputs["old_logp"].sum()
         if ratio is not None:  # padding has rho = 1 exactly: never clipped
             out = torch.empty_like(ratio)  # (N, T) 1.0 where rho left the range, else 0.0: a CPU
             # compares into floats several times faster than into bools; a row's count is exact
             low = torch.lt(ratio, 1 - eps_low, out=out).mul_(A < 0).sum(-1)  # (N,)
             sums["clip_frac_low"] = low.sum(dtype=torch.float64)
             high = torch.gt(ratio, 1 + eps_high, out=out).mul_(A > 0).sum(-1)  # (N,)
-            sums.update(clip_frac_high=high.sum(dtype=torch.float64), ratio_mean=ratio.sum())
+            sums["clip_frac_high"] = high.sum(dtype=torch.float64)
+            sums.update(ratio_mean=ratio.sum(), least_ratio=ratio.amin())
         if kl is not None:  # 0 on padding
             sums["kl_mean"] = kl.sum()
         sums = dict(zip(sums, torch.stack(list(sums.values())).tolist()))  # the one read
-    if not all(map(math.isfinite, sums.values())):
+    if not all(map(math.isfinite, sums.values())) or sums.get("least_ratio") == 0:
         for name, x in inputs.items():
             if x is not None:
                 _check_values(name, x, x.isfinite(), "finite", mask if x.dim() == 2 else None)
