@@ -612,11 +612,9 @@ def _loss_stats(loss: torch.Tensor, inputs: dict, mask: torch.Tensor,
             sums["old_logp"] = inputs["old_logp"].sum()
         if ratio is not None:  # padding has rho = 1 exactly: never clipped
             out = torch.empty_like(ratio)  # (N, T) 1.0 where rho left the range, else 0.0: a CPU
-            # compares into floats several times faster than into bools; a row's count is exact
-            low = torch.lt(ratio, 1 - eps_low, out=out).mul_(A < 0).sum(-1)  # (N,)
-            sums["clip_frac_low"] = low.sum(dtype=torch.float64)
-            high = torch.gt(ratio, 1 + eps_high, out=out).mul_(A > 0).sum(-1)  # (N,)
-            sums["clip_frac_high"] = high.sum(dtype=torch.float64)
+            # compares into floats several times faster than into bools
+            sums["clip_frac_low"] = _count_where(torch.lt(ratio, 1 - eps_low, out=out), A < 0)
+            sums["clip_frac_high"] = _count_where(torch.gt(ratio, 1 + eps_high, out=out), A > 0)
             sums.update(ratio_mean=ratio.sum(), least_ratio=ratio.amin())
         if kl is not None:  # 0 on padding
             sums["kl_mean"] = kl.sum()
@@ -631,6 +629,14 @@ def _loss_stats(loss: torch.Tensor, inputs: dict, mask: torch.Tensor,
     means = ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl_mean")  # of the real tokens
     return dict(num_tokens=int(n), **{name: sums[name] / max(n, 1) for name in means
                                       if name in sums})
+
+
+def _count_where(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """The sum in float64 of x (N, T), 1.0 or 0.0, where `where` ((N, 1) or (N, T)) holds; with
+    one advantage per response, each row's first (exact in float32)."""
+    if where.shape[1] == 1:
+        x = x.sum(-1, keepdim=True)  # (N, 1)
+    return (x * where).sum(dtype=torch.float64)
 
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
