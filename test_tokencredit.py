@@ -573,6 +573,19 @@ def test_clipped_surrogate_gradient_is_reinforces_inside_and_0_where_clipped():
                           ref_clipped_surrogate(ratio, adv, 0.2, 0.28))
 
 
+def test_clipped_surrogate_takes_the_clip_when_the_two_terms_round_to_one_value():
+    """rho one step above 1 + eps_high is clipped (gradient 0), even where rho A and
+    (1 + eps_high) A round to the same float; inside the range the two are equal and the gradient
+    is -A. (torch.minimum gives -A / 2 at the first, splitting the gradient of a tie.)"""
+    high = torch.tensor(1.2, dtype=torch.float64)
+    rho = torch.stack([torch.nextafter(high, torch.tensor(2.0, dtype=torch.float64)), high,
+                       torch.tensor(1.1, dtype=torch.float64)])[None].requires_grad_()  # (1, 3)
+    A = torch.tensor([1 + 5 / 7], dtype=torch.float64)
+    assert (rho[0, 0] * A).item() == (high * A).item()  # the two terms round to one value
+    tc.clipped_surrogate(rho, A).sum().backward()
+    assert rho.grad.tolist() == [[0.0, -(1 + 5 / 7), -(1 + 5 / 7)]]
+
+
 def test_clipped_surrogate_matches_the_loop_reference_for_each_clip_range():
     """GRPO's one eps, Clip-Higher, and both clips off; advantages per response and per token."""
     g = torch.Generator().manual_seed(36)

@@ -227,7 +227,9 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: fl
 def _clipped_surrogate(ratio, A, eps_low, eps_high):
     unclipped = ratio * A  # (N, T)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * A  # (N, T)
-    return -torch.minimum(unclipped, clipped)  # (N, T)
+    # -min(unclipped, clipped), the clipped term at a tie: the gradient is then the clip's (where
+    # rho is inside the range, the same); torch.minimum would split it, in several more passes
+    return -torch.where(clipped <= unclipped, clipped, unclipped)  # (N, T)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
