@@ -270,13 +270,13 @@ def token_weights(mask: torch.Tensor, mode: str, group_size: Optional[int] = Non
 
 def _loss_denominators(mask, mode, group_size, max_len, dtype=torch.float32):
     """d_i (N,) in dtype, at least float32 (bf16 counts 1001 tokens as 1000)."""
-    N, dtype = mask.shape[0], torch.promote_types(dtype, torch.float32)
-    if mode == "token":
-        num_target_tokens = torch.count_nonzero(mask).clamp(min=1).to(dtype)  # sum_j |o_j|
-        return num_target_tokens.expand(N)  # (N,)
-    lengths = mask.sum(dim=-1).to(dtype)  # (N,) |o_i|
+    N = mask.shape[0]
+    lengths = mask.sum(dim=-1).to(torch.promote_types(dtype, torch.float32))  # (N,) |o_i|
     if mode == "sample":
         return N * lengths.clamp(min=1)  # (N,)
+    if mode == "token":
+        num_target_tokens = lengths.sum().clamp(min=1)  # sum over the batch of |o_j|
+        return num_target_tokens.expand(N)  # (N,)
     if mode == "group_token":
         B = N // group_size
         group_tokens = lengths.view(B, group_size).sum(dim=1).clamp(min=1)  # (B,) tokens per group
@@ -353,7 +353,7 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     loss = _aggregate(per_token, mask, mode, group_size, max_len)  # sum_{i,t} w_{i,t} per_token
     inputs = dict(logp=logp, old_logp=old_logp, advantages=advantages,
                   ref_logp=ref_logp if beta > 0 else None)  # checked with the statistics
-    return loss, _loss_stats(loss, inputs, mask, ratio, A, kl, eps_low, eps_high)
+    return loss, _loss_stats(inputs, mask, ratio, A, kl, eps_low, eps_high)
 
 
 def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -599,29 +599,22 @@ def _check_values(name: str, x: torch.Tensor, ok: torch.Tensor, expected: str,
         _check_that(False, name, f"be {expected}{on}", f"{x[at].item()} at index {at}")
 
 
-def _loss_stats(loss: torch.Tensor, inputs: dict, mask: torch.Tensor,
-                ratio: Optional[torch.Tensor], A: torch.Tensor, kl: Optional[torch.Tensor],
-                eps_low: float, eps_high: float) -> Dict[str, float]:
-    """policy_loss's statistics over the real tokens, read from the device at once with what shows
-    whether its inputs (name: tensor or None) are finite there: a NaN or an inf on a real token
-    makes the loss or a sum here NaN or inf, or the least ratio 0 (exp(-inf)). Then (or after an
-    overflow or an underflow) look which input is not."""
+def _loss_stats(inputs: dict, mask: torch.Tensor, ratio: Optional[torch.Tensor], A: torch.Tensor,
+                kl: Optional[torch.Tensor], eps_low: float, eps_high: float) -> Dict[str, float]:
+    """policy_loss's statistics over the real tokens, read from the device at once with the sum
+    of each input (name: tensor or None), padding and all: finite if the input is. If a value is
+    not (a NaN or an inf on a real token, or only in padding, or an overflow), look which input."""
     with torch.no_grad():
-        sums = dict(loss=loss, num_tokens=torch.count_nonzero(mask).double())
-        if inputs["advantages"].dim() == 1:  # every response's, an empty one's too
-            sums["advantages"] = inputs["advantages"].sum()
-        if ratio is None and inputs["old_logp"] is not None:  # given to REINFORCE, which ignores it
-            sums["old_logp"] = inputs["old_logp"].sum()
+        sums = {name: x.sum() for name, x in inputs.items() if x is not None}
+        sums["num_tokens"] = torch.count_nonzero(mask)
         if ratio is not None:  # padding has rho = 1 exactly: never clipped
-            out = torch.empty_like(ratio)  # (N, T) 1.0 where rho left the range, else 0.0: a CPU
-            # compares into floats several times faster than into bools
-            sums["clip_frac_low"] = _count_where(torch.lt(ratio, 1 - eps_low, out=out), A < 0)
-            sums["clip_frac_high"] = _count_where(torch.gt(ratio, 1 + eps_high, out=out), A > 0)
-            sums.update(ratio_mean=ratio.sum(), least_ratio=ratio.amin())
+            sums.update(clip_frac_low=torch.count_nonzero((ratio < 1 - eps_low) & (A < 0)),
+                        clip_frac_high=torch.count_nonzero((ratio > 1 + eps_high) & (A > 0)),
+                        ratio_mean=ratio.sum())
         if kl is not None:  # 0 on padding
             sums["kl_mean"] = kl.sum()
-        sums = dict(zip(sums, torch.stack(list(sums.values())).tolist()))  # the one read
-    if not all(map(math.isfinite, sums.values())) or sums.get("least_ratio") == 0:
+        sums = dict(zip(sums, torch.stack([x.double() for x in sums.values()]).tolist()))  # 1 read
+    if not all(map(math.isfinite, sums.values())):
         for name, x in inputs.items():
             if x is not None:
                 _check_values(name, x, x.isfinite(), "finite", mask if x.dim() == 2 else None)
@@ -631,14 +624,6 @@ def _loss_stats(loss: torch.Tensor, inputs: dict, mask: torch.Tensor,
     means = ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl_mean")  # of the real tokens
     return dict(num_tokens=int(n), **{name: sums[name] / max(n, 1) for name in means
                                       if name in sums})
-
-
-def _count_where(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """The sum in float64 of x (N, T), 1.0 or 0.0, where `where` ((N, 1) or (N, T)) holds; with
-    one advantage per response, each row's first (exact in float32)."""
-    if where.shape[1] == 1:
-        x = x.sum(-1, keepdim=True)  # (N, 1)
-    return (x * where).sum(dtype=torch.float64)
 
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
