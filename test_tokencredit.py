@@ -978,14 +978,14 @@ BAD_REAL_VALUES = [  # (what sits on real token (0, 1), or which response, and t
     (dict(advantages_empty=INF), "advantages"),  # the (N,) advantage of a response with no token
     (dict(old_logp=NAN, surrogate="reinforce"), "old_logp"),  # given, if REINFORCE ignores it
     (dict(logp=-INF, surrogate="reinforce"), "logp"), (dict(logp=INF, ratio_level="sequence"), "logp"),
-    (dict(logp=-INF, beta=0.0), "logp"),  # no KL to show it: the ratio is exp(-inf) = 0
+    (dict(logp=-INF, beta=0.0), "logp"),  # the ratio is exp(-inf) = 0: a finite loss
 ]
 
 
 @pytest.mark.parametrize("bad, name", BAD_REAL_VALUES)
 def test_policy_loss_names_an_input_not_finite_on_a_real_token(bad, name):
-    """Each input is checked where it counts, whichever statistic shows it (the ratio is 0 where
-    logp is -inf), and the same values in padding are no error."""
+    """Each input is checked where it counts, an (N,) advantage on every response (an empty one's
+    too), and the same values in padding are no error."""
     mask = torch.tensor([[True, True, False], [False, False, False]])
     kw = dict(logp=-torch.ones(2, 3), old_logp=-torch.ones(2, 3), ref_logp=-torch.ones(2, 3),
               advantages=torch.tensor([1.0, -1.0]), beta=bad.get("beta", 0.1))
