@@ -573,17 +573,29 @@ def test_clipped_surrogate_gradient_is_reinforces_inside_and_0_where_clipped():
                           ref_clipped_surrogate(ratio, adv, 0.2, 0.28))
 
 
-def test_clipped_surrogate_takes_the_clip_when_the_two_terms_round_to_one_value():
-    """rho one step above 1 + eps_high is clipped (gradient 0), even where rho A and
-    (1 + eps_high) A round to the same float; inside the range the two are equal and the gradient
-    is -A. (torch.minimum gives -A / 2 at the first, splitting the gradient of a tie.)"""
-    high = torch.tensor(1.2, dtype=torch.float64)
-    rho = torch.stack([torch.nextafter(high, torch.tensor(2.0, dtype=torch.float64)), high,
-                       torch.tensor(1.1, dtype=torch.float64)])[None].requires_grad_()  # (1, 3)
-    A = torch.tensor([1 + 5 / 7], dtype=torch.float64)
-    assert (rho[0, 0] * A).item() == (high * A).item()  # the two terms round to one value
-    tc.clipped_surrogate(rho, A).sum().backward()
-    assert rho.grad.tolist() == [[0.0, -(1 + 5 / 7), -(1 + 5 / 7)]]
+def test_clipped_surrogate_equals_torch_minimums_form_ties_included():
+    """The value of -torch.minimum(rho A, clip(rho) A), bit for bit, and its gradient, at ties too:
+    rho A == clip(rho) A where rho is inside the range, on a bound, or one float past one (the two
+    terms round to one value), A of both signs and 0. Past a bound, torch.minimum splits a tie
+    (-A / 2); the equation's own gradient is 0 where A pushes rho out (the clip binds), -A where
+    A pulls it back in, and that is what clipped_surrogate gives there."""
+    low, high, a = 1 - 0.2, 1 + 0.28, 11 / 7
+    past_low, past_high = math.nextafter(low, 0), math.nextafter(high, 2)  # one float out
+    rho = torch.tensor([past_high, past_high, past_low, past_low, high, high, low, low, 1.1,
+                        past_high, 9.0, float("nan"), float("inf"), 0.0], dtype=torch.float64)
+    A = torch.tensor([a, -a, -a, a, a, -a, a, -a, 2.0, 0.0, -3.0, 2.0, -3.0, 2.0],
+                     dtype=torch.float64)
+    assert (rho * A)[:4].tolist() == (torch.clamp(rho, low, high) * A)[:4].tolist()  # ties
+    mine, theirs = rho[None].clone().requires_grad_(), rho[None].clone().requires_grad_()
+    loss = tc.clipped_surrogate(mine, A[None], 0.2, 0.28)
+    main = -torch.minimum(theirs * A, torch.clamp(theirs, low, high) * A)  # torch.minimum's form
+    assert torch.equal(loss.isnan(), main.isnan())
+    assert torch.equal(loss.nan_to_num(), main.nan_to_num())
+    loss.nansum().backward()
+    main.nansum().backward()
+    assert mine.grad[0, :4].tolist() == [0.0, a, 0.0, -a]  # the clip binds: 0; else -A
+    assert theirs.grad[0, :4].tolist() == [-a / 2, a / 2, a / 2, -a / 2]  # torch.minimum splits
+    assert torch.equal(mine.grad[0, 4:].nan_to_num(), theirs.grad[0, 4:].nan_to_num())
 
 
 def test_clipped_surrogate_matches_the_loop_reference_for_each_clip_range():

@@ -225,11 +225,13 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: fl
 
 
 def _clipped_surrogate(ratio, A, eps_low, eps_high):
+    clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)  # (N, T)
     unclipped = ratio * A  # (N, T)
-    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * A  # (N, T)
-    # -min(unclipped, clipped), the clipped term at a tie: the gradient is then the clip's (where
-    # rho is inside the range, the same); torch.minimum would split it, in several more passes
-    return -torch.where(clipped <= unclipped, clipped, unclipped)  # (N, T)
+    clipped = clipped_ratio * A  # (N, T)
+    # -min(unclipped, clipped), read from the side of the range rho is on (the clipped term where
+    # rho left it in the direction A pushes), so that where the two terms round to one float the
+    # gradient is still the equation's: torch.minimum would split it, in several more passes
+    return -torch.where((ratio - clipped_ratio) * A.sign() > 0, clipped, unclipped)  # (N, T)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
