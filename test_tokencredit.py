@@ -88,6 +88,30 @@ def ref_loss(logp, old_logp, adv, mask, mode, eps_low=0.2, eps_high=0.2, group_s
     raise AssertionError(mode)
 
 
+def ref_loss_stats(logp, old_logp, adv, mask, eps_low, eps_high, ratio_level, ref_logp, beta):
+    """policy_loss's statistics as they are defined, one real token at a time."""
+    N, T = mask.shape
+    low = high = count = 0
+    ratios, kls = [], []
+    for i in range(N):
+        real = [t for t in range(T) if mask[i, t]]
+        for t in real:
+            if ratio_level == "token":
+                rho = math.exp(float(logp[i, t]) - float(old_logp[i, t]))
+            else:  # GSPO's s_i, on every token of the response
+                rho = math.exp(sum(float(logp[i, u]) - float(old_logp[i, u]) for u in real) / len(real))
+            a = float(adv[i, t] if adv.dim() == 2 else adv[i])
+            low += a < 0 and rho < 1 - eps_low
+            high += a > 0 and rho > 1 + eps_high
+            ratios.append(rho)
+            r = math.exp(float(ref_logp[i, t]) - float(logp[i, t]))
+            kls.append(r - math.log(r) - 1)
+            count += 1
+    stats = dict(num_tokens=count, clip_frac_low=low / max(count, 1), clip_frac_high=high / max(count, 1),
+                 ratio_mean=sum(ratios) / max(count, 1))
+    return dict(stats, kl_mean=sum(kls) / max(count, 1)) if beta > 0 else stats
+
+
 def ref_overlong_penalty(lengths, max_len, cache_len):
     soft_start = max_len - cache_len
     return torch.tensor([0.0 if L <= soft_start else (soft_start - L) / cache_len if L <= max_len
@@ -549,6 +573,31 @@ def test_clipped_surrogate_gradient_is_reinforces_inside_and_0_where_clipped():
                           ref_clipped_surrogate(ratio, adv, 0.2, 0.28))
 
 
+def test_clipped_surrogate_equals_torch_minimums_form_ties_included():
+    """The value of -torch.minimum(rho A, clip(rho) A), bit for bit, and its gradient, at ties too:
+    rho A == clip(rho) A where rho is inside the range, on a bound, or one float past one (the two
+    terms round to one value), A of both signs and 0. Past a bound, torch.minimum splits a tie
+    (-A / 2); the equation's own gradient is 0 where A pushes rho out (the clip binds), -A where
+    A pulls it back in, and that is what clipped_surrogate gives there."""
+    low, high, a = 1 - 0.2, 1 + 0.28, 11 / 7
+    past_low, past_high = math.nextafter(low, 0), math.nextafter(high, 2)  # one float out
+    rho = torch.tensor([past_high, past_high, past_low, past_low, high, high, low, low, 1.1,
+                        past_high, 9.0, float("nan"), float("inf"), 0.0], dtype=torch.float64)
+    A = torch.tensor([a, -a, -a, a, a, -a, a, -a, 2.0, 0.0, -3.0, 2.0, -3.0, 2.0],
+                     dtype=torch.float64)
+    assert (rho * A)[:4].tolist() == (torch.clamp(rho, low, high) * A)[:4].tolist()  # ties
+    mine, theirs = rho[None].clone().requires_grad_(), rho[None].clone().requires_grad_()
+    loss = tc.clipped_surrogate(mine, A[None], 0.2, 0.28)
+    main = -torch.minimum(theirs * A, torch.clamp(theirs, low, high) * A)  # torch.minimum's form
+    assert torch.equal(loss.isnan(), main.isnan())
+    assert torch.equal(loss.nan_to_num(), main.nan_to_num())
+    loss.nansum().backward()
+    main.nansum().backward()
+    assert mine.grad[0, :4].tolist() == [0.0, a, 0.0, -a]  # the clip binds: 0; else -A
+    assert theirs.grad[0, :4].tolist() == [-a / 2, a / 2, a / 2, -a / 2]  # torch.minimum splits
+    assert torch.equal(mine.grad[0, 4:].nan_to_num(), theirs.grad[0, 4:].nan_to_num())
+
+
 def test_clipped_surrogate_matches_the_loop_reference_for_each_clip_range():
     """GRPO's one eps, Clip-Higher, and both clips off; advantages per response and per token."""
     g = torch.Generator().manual_seed(36)
@@ -847,15 +896,6 @@ def test_padding_garbage_reaches_no_loss_and_no_gradient():
     assert torch.isfinite(results[0][1]).all() and (results[0][2][~mask] == 0).all()
 
 
-def test_zero_padding_the_helper_students_may_call():
-    """policy_loss's _zero_padding: padding exactly 0 and the constants detached, by itself (the
-    later guards of policy_loss would hide either mistake)."""
-    mask, x = torch.tensor([[True, False]]), torch.tensor([[0.5, NAN]], requires_grad=True)
-    logp, old, adv, ref = tc._zero_padding(mask, x, x, x, x)
-    assert logp.requires_grad and not (old.requires_grad or adv.requires_grad or ref.requires_grad)
-    assert all(y.tolist() == [[0.5, 0.0]] for y in (logp, old, adv, ref))
-
-
 def test_clip_fractions_counted_at_both_bounds():
     # rho: 1.5 1.1 0.5 0.6 0.9 1.3 0.7 (padding); A: +1 +1 -1 -1 -1 -1 +1 +1
     # high clip: A > 0 and rho > 1.2 -> token 0; low clip: A < 0 and rho < 0.8 -> tokens 2, 3.
@@ -873,6 +913,39 @@ def test_clip_fractions_counted_at_both_bounds():
     assert higher["clip_frac_high"] == 0.0  # Clip-Higher lets token 0 through
     _, reinforce = tc.policy_loss(torch.log(rho), None, adv, mask, surrogate="reinforce")
     assert reinforce == dict(num_tokens=7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("ratio_level", tc.RATIO_LEVELS)
+def test_policy_loss_stats_match_the_loop_reference(ratio_level, dtype):
+    g = torch.Generator().manual_seed(41)
+    N, T = 12, 9
+    mask = random_mask(N, T, g)
+    mask[3] = False  # an empty response
+    old = -torch.rand(N, T, generator=g, dtype=dtype) * 2
+    step = 0.4 if ratio_level == "token" else 0.05  # ratios on both sides of the clip
+    logp = old + step * torch.randn(N, T, generator=g, dtype=dtype)
+    ref_logp = logp + 0.3 * torch.randn(N, T, generator=g, dtype=dtype)
+    eps = (0.2, 0.28) if ratio_level == "token" else (0.01, 0.015)
+    per_response = torch.randn(N, generator=g, dtype=dtype)
+    per_response[0] = 0.0  # A = 0: clipped on neither side
+    for adv in (per_response, torch.randn(N, T, generator=g, dtype=dtype)):
+        if ratio_level == "sequence" and adv.dim() == 2:
+            continue
+        for beta in (0.0, 0.1):
+            garbage = [x.clone() for x in (logp, old, ref_logp)]
+            for x in garbage:
+                x[~mask] = NAN  # padding garbage changes no statistic
+            _, stats = tc.policy_loss(*garbage[:2], adv, mask, eps_low=eps[0], eps_high=eps[1],
+                                      ref_logp=garbage[2], beta=beta, ratio_level=ratio_level)
+            want = ref_loss_stats(logp, old, adv, mask, *eps, ratio_level, ref_logp, beta)
+            assert stats.keys() == want.keys()
+            assert 0 < stats["clip_frac_low"] and 0 < stats["clip_frac_high"]  # both are counted
+            for name in ("num_tokens", "clip_frac_low", "clip_frac_high"):
+                assert stats[name] == want[name], (name, adv.dim(), beta)  # counts: exact
+            rel = 1e-12 if dtype == torch.float64 else 1e-5
+            for name in ("ratio_mean", "kl_mean")[:1 + (beta > 0)]:
+                assert stats[name] == pytest.approx(want[name], rel=rel), name
 
 
 def test_policy_loss_stats_kl_mean_only_when_beta_is_positive_and_python_numbers():
@@ -907,6 +980,52 @@ def test_policy_loss_reads_values_once_and_names_a_bad_one():
     with pytest.raises(ValueError, match=r"old_logp must be finite on real tokens, got nan at index"):
         tc.policy_loss(torch.zeros(1, 2), torch.tensor([[0.0, float("nan")]]), torch.zeros(1),
                        torch.ones(1, 2))
+
+
+BAD_REAL_VALUES = [  # (what sits on real token (0, 1), or which response, and the name refused)
+    (dict(logp=-INF), "logp"), (dict(logp=INF), "logp"), (dict(logp=NAN), "logp"),
+    (dict(old_logp=INF), "old_logp"), (dict(old_logp=-INF), "old_logp"),
+    (dict(advantages=NAN), "advantages"), (dict(advantages=-INF), "advantages"),
+    (dict(ref_logp=NAN), "ref_logp"), (dict(ref_logp=-INF), "ref_logp"),
+    (dict(advantages_empty=INF), "advantages"),  # the (N,) advantage of a response with no token
+    (dict(old_logp=NAN, surrogate="reinforce"), "old_logp"),  # given, if REINFORCE ignores it
+    (dict(logp=-INF, surrogate="reinforce"), "logp"), (dict(logp=INF, ratio_level="sequence"), "logp"),
+    (dict(logp=-INF, beta=0.0), "logp"),  # the ratio is exp(-inf) = 0: a finite loss
+]
+
+
+@pytest.mark.parametrize("bad, name", BAD_REAL_VALUES)
+def test_policy_loss_names_an_input_not_finite_on_a_real_token(bad, name):
+    """Each input is checked where it counts, an (N,) advantage on every response (an empty one's
+    too), and the same values in padding are no error."""
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    kw = dict(logp=-torch.ones(2, 3), old_logp=-torch.ones(2, 3), ref_logp=-torch.ones(2, 3),
+              advantages=torch.tensor([1.0, -1.0]), beta=bad.get("beta", 0.1))
+    surrogate, level = bad.get("surrogate", "clip"), bad.get("ratio_level", "token")
+    for key, value in bad.items():
+        if key == "advantages_empty":
+            kw["advantages"] = torch.tensor([1.0, value])  # response 1 has no token
+        elif key == "advantages":
+            kw[key] = torch.ones(2, 3)
+            kw[key][0, 1] = value
+        elif key in kw and key != "beta":
+            kw[key] = kw[key].clone()
+            kw[key][0, 1] = value
+    with pytest.raises(ValueError, match=rf"^{name} must be finite"):
+        tc.policy_loss(mask=mask, surrogate=surrogate, ratio_level=level, **kw)
+    if "advantages_empty" not in bad:  # the same value on a padding token: no error
+        for key in kw:
+            if torch.is_tensor(kw[key]) and kw[key].dim() == 2:
+                kw[key][0, 2], kw[key][0, 1] = kw[key][0, 1].item(), -1.0
+        loss, _ = tc.policy_loss(mask=mask, surrogate=surrogate, ratio_level=level, **kw)
+        assert torch.isfinite(loss)
+
+
+def test_policy_loss_no_false_alarm_when_a_ratio_underflows():
+    """exp(-200) is 0 in float32, as exp(-inf) is: here logp is finite, so no error."""
+    logp, old = torch.tensor([[-200.0, -1.0]]), torch.tensor([[0.0, -1.0]])
+    _, stats = tc.policy_loss(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), mode="token")
+    assert stats["ratio_mean"] == 0.5 and stats["clip_frac_low"] == 0.5
 
 
 def test_the_constants_of_the_loss_carry_no_gradient():

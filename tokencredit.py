@@ -50,7 +50,11 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     Args: lengths (N,); max_len the budget L_max; cache_len in (0, max_len], the soft zone.
     Returns: penalty (N,) float in [-1, 0].
     """
-    _check_inputs(locals(), max_len=_POSITIVE_INT)  # here a count of tokens
+    _check_tensors(("N",), lengths=lengths)
+    _check_values("lengths", lengths, (lengths >= 0) & (lengths < math.inf), "finite and >= 0")
+    _check_arg("max_len", max_len, type(max_len) is int and max_len > 0, "a positive int")
+    _check_arg("cache_len", cache_len, type(cache_len) is int and 0 < cache_len <= max_len,
+               f"an int in (0, max_len = {max_len}]")
     lengths = lengths.to(torch.float32)  # (N,)
     soft_start = max_len - cache_len
     ramp = (soft_start - lengths) / cache_len  # (N,) in [-1, 0) inside the soft zone
@@ -70,7 +74,11 @@ def group_advantages(rewards: torch.Tensor, scale: str = "std", eps: float = 1e-
     All rewards of a group equal (or G = 1): exactly 0. Args: rewards (B, G) finite. Returns:
     advantages (B, G), given to every token of the response.
     """
-    _check_inputs(locals())
+    _check_tensors(("B", "G"), rewards=rewards)
+    _check_values("rewards", rewards, rewards.isfinite(), "finite")
+    _check_arg("scale", scale, scale in ADVANTAGE_SCALES, f"one of {ADVANTAGE_SCALES}")
+    _check_arg("eps", eps, 0 < _number(eps) < math.inf, "a finite number > 0")
+    _check_arg("baseline", baseline, baseline in BASELINES, f"one of {BASELINES}")
     rewards = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     G = rewards.shape[1]
     if G == 1:
@@ -99,7 +107,8 @@ def informative_groups(values: torch.Tensor) -> torch.Tensor:
     Given the verifier's verdicts this is DAPO's 0 < #correct < G; given shaped rewards, it also
     keeps an all-wrong group whose penalties differ. Args: values (B, G) finite; bool reads as 0/1.
     Returns: keep (B,) bool."""
-    _check_inputs(locals())
+    _check_tensors(("B", "G"), values=values)
+    _check_values("values", values, values.isfinite(), "finite")
     return (values != values[:, :1]).any(dim=1)  # (B,)
 
 
@@ -114,7 +123,11 @@ def fill_batch(sample_groups: Callable[[], Dict[str, torch.Tensor]], batch_size:
     Returns: (batch, stats): rounds (calls made), groups_seen, groups_informative (surplus
     included), groups_kept (in batch), full (1 if batch_size kept).
     """
-    _check_inputs(locals())
+    _check_arg("sample_groups", sample_groups, callable(sample_groups), "callable")
+    _check_arg("batch_size", batch_size, type(batch_size) is int and batch_size > 0,
+               "a positive int")
+    _check_arg("max_rounds", max_rounds, type(max_rounds) is int and max_rounds > 0,
+               "a positive int")  # filter_key: in each round, by _check_round
     kept, n_kept, n_seen, n_informative, rounds, first = [], 0, 0, 0, 0, None
     while n_kept < batch_size and rounds < max_rounds:
         groups = sample_groups()
@@ -141,7 +154,8 @@ def policy_gradient_surrogate(logp: torch.Tensor, advantages: torch.Tensor) -> t
     detached, as policy_loss does). Right only on-policy: it ignores which policy sampled o_t.
     Args: logp (N, T); advantages (N,) or (N, T). Returns: loss (N, T), not yet aggregated.
     """
-    _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), floating=True, logp=logp)
+    _check_tensors((N,), (N, T), device=logp.device, advantages=advantages)
     A = advantages if advantages.dim() == 2 else advantages[:, None]  # (N, T), or A_i (N, 1)
     return _policy_gradient_surrogate(logp, A)
 
@@ -157,7 +171,9 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     "token": rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t}); "sequence", "sequence_token": GSPO's s_i.
     Args: logp, old_logp (a constant: no gradient flows into it), mask (N, T). Returns: (N, T).
     """
-    mask = _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), floating=True, logp=logp, old_logp=old_logp)
+    mask = _check_mask(mask, (N, T), device=logp.device)
+    _check_arg("level", level, level in RATIO_LEVELS, f"one of {RATIO_LEVELS}")
     return _importance_ratio(logp, old_logp, mask, level)
 
 
@@ -176,7 +192,9 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
     the same value with d / d logp_{i,t} = s_i, for per-token advantages.
     Returns: (N, T), 1 on padding, in at least float32 (bf16 cannot resolve 3e-4 over 1000 tokens).
     """
-    mask = _check_inputs(locals(), per_token=(False, True))  # not aggregate's tensor
+    N, T = _check_tensors(("N", "T"), floating=True, logp=logp, old_logp=old_logp)
+    mask = _check_mask(mask, (N, T), device=logp.device)
+    _check_arg("per_token", per_token, type(per_token) is bool, "a bool")
     return _sequence_ratio(logp, old_logp, mask, per_token)
 
 
@@ -198,15 +216,22 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: fl
     GRPO uses one eps; eps_high > eps_low is DAPO's Clip-Higher [3]; eps_low >= 1: no lower clip.
     Args: ratio (N, T) from importance_ratio; advantages (N,) or (N, T). Returns: loss (N, T).
     """
-    _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), floating=True, ratio=ratio)
+    _check_tensors((N,), (N, T), device=ratio.device, advantages=advantages)
+    _check_arg("eps_low", eps_low, _number(eps_low) >= 0, "a number >= 0")
+    _check_arg("eps_high", eps_high, _number(eps_high) >= 0, "a number >= 0")
     A = advantages if advantages.dim() == 2 else advantages[:, None]  # (N, T), or A_i (N, 1)
     return _clipped_surrogate(ratio, A, eps_low, eps_high)
 
 
 def _clipped_surrogate(ratio, A, eps_low, eps_high):
+    clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)  # (N, T)
     unclipped = ratio * A  # (N, T)
-    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * A  # (N, T)
-    return -torch.minimum(unclipped, clipped)  # (N, T)
+    clipped = clipped_ratio * A  # (N, T)
+    # -min(unclipped, clipped), read from the side of the range rho is on (the clipped term where
+    # rho left it in the direction A pushes), so that where the two terms round to one float the
+    # gradient is still the equation's: torch.minimum would split it, in several more passes
+    return -torch.where((ratio - clipped_ratio) * A.sign() > 0, clipped, unclipped)  # (N, T)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -216,7 +241,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     is found for nearby policies, not guaranteed. As a loss its gradient is (1 - r) d log pi_theta,
     in expectation that of KL(pi_ref || pi_theta). Args: logp, ref_logp (N, T). Returns: (N, T).
     """
-    _check_inputs(locals())
+    _check_tensors(("N", "T"), floating=True, logp=logp, ref_logp=ref_logp)
     return _kl_k3(logp, ref_logp)
 
 
@@ -240,7 +265,8 @@ def token_weights(mask: torch.Tensor, mode: str, group_size: Optional[int] = Non
     Args: mask (N, T); group_size ("group_token"); max_len, Dr. GRPO's budget ("constant"). Returns:
     (N, T) float32, 0 on padding and (a count of 0 clamped to 1) on empty responses, not NaN.
     """
-    mask = _check_inputs(locals())
+    mask = _check_mask(mask, ("N", "T"))
+    _check_aggregation(mask.shape[0], mode, group_size, max_len)
     return mask / _loss_denominators(mask, mode, group_size, max_len)[:, None]  # (N, T)
 
 
@@ -267,7 +293,9 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str,
     Padding values, even NaN or inf, reach neither the result nor its gradient. Args: per_token
     (N, T) (integers averaged as float32); mask, mode etc. as in token_weights. Returns: 0-d float.
     """
-    mask = _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), per_token=per_token)
+    mask = _check_mask(mask, (N, T), device=per_token.device)
+    _check_aggregation(N, mode, group_size, max_len)
     return _aggregate(per_token, mask, mode, group_size, max_len)
 
 
@@ -296,34 +324,38 @@ def policy_loss(logp: torch.Tensor, old_logp: Optional[torch.Tensor], advantages
     clip_frac_high (A > 0, rho > 1 + eps_high), ratio_mean (these with "clip"), kl_mean (beta > 0));
     one host-device synchronisation reads them and checks that the inputs are finite.
     """
-    mask = _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), floating=True, logp=logp)
+    if surrogate != "reinforce" or old_logp is not None:  # REINFORCE needs no old_logp
+        _check_tensors((N, T), floating=True, device=logp.device, old_logp=old_logp)
+    _check_tensors((N,), (N, T), device=logp.device, advantages=advantages)
+    mask = _check_mask(mask, (N, T), device=logp.device)
+    _check_aggregation(N, mode, group_size, max_len)
+    _check_arg("eps_low", eps_low, _number(eps_low) >= 0, "a number >= 0")
+    _check_arg("eps_high", eps_high, _number(eps_high) >= 0, "a number >= 0")
+    _check_arg("beta", beta, 0 <= _number(beta) < math.inf, "a finite number >= 0")
+    if beta > 0:
+        _check_tensors((N, T), floating=True, device=logp.device, ref_logp=ref_logp)
+    _check_arg("surrogate", surrogate, surrogate in SURROGATES, f"one of {SURROGATES}")
+    _check_arg("ratio_level", ratio_level, ratio_level in RATIO_LEVELS, f"one of {RATIO_LEVELS}")
     _check_that(surrogate == "clip" or ratio_level == "token", f"ratio_level {ratio_level!r}",
                 "have surrogate 'clip' (the ratio is clipped)", f"surrogate {surrogate!r}")
     _check_that(ratio_level != "sequence" or advantages.dim() == 1, "advantages", "be (N,) for "
                 "ratio_level 'sequence' (GSPO; 'sequence_token': (N, T))", tuple(advantages.shape))
-    given = dict(logp=logp, old_logp=old_logp, advantages=advantages,
-                 ref_logp=ref_logp if beta > 0 else None)  # their values are checked with the stats
-    # padding becomes exactly 0 first: garbage there reaches no value and no gradient
-    logp, old_logp, A, ref_logp = inputs = _zero_padding(mask, *given.values())  # A (N, T)/(N, 1)
+    A = advantages.detach()  # a constant, as are old_logp and ref_logp
+    A = A[:, None] if A.dim() == 1 else A  # (N, 1) A_i, or (N, T)
     ratio = kl = None
-    if surrogate == "clip":
+    if surrogate == "clip":  # the ratio is exactly 1 on padding, whatever logp holds there
         ratio = _importance_ratio(logp, old_logp, mask, ratio_level)  # (N, T) rho, or GSPO's s_i
         per_token = _clipped_surrogate(ratio, A, eps_low, eps_high)  # (N, T)
-    else:
-        per_token = _policy_gradient_surrogate(logp, A)  # (N, T) REINFORCE: no ratio, no clip
-    if beta > 0:
-        kl = _kl_k3(logp, ref_logp)  # (N, T)
+    else:  # REINFORCE: no ratio, no clip
+        per_token = _policy_gradient_surrogate(torch.where(mask, logp, 0.0), A)  # (N, T)
+    if beta > 0:  # padding 0 first: garbage there reaches no value and no gradient
+        kl = _kl_k3(torch.where(mask, logp, 0.0), torch.where(mask, ref_logp.detach(), 0.0))
         per_token = per_token + beta * kl  # (N, T)
     loss = _aggregate(per_token, mask, mode, group_size, max_len)  # sum_{i,t} w_{i,t} per_token
-    return loss, _loss_stats(given, inputs, mask, ratio, kl, eps_low, eps_high)
-
-
-def _zero_padding(mask, logp, old_logp, advantages, ref_logp):
-    """policy_loss's inputs, padding exactly 0, constants detached; advantages (N,) as (N, 1)."""
-    constants = (old_logp, advantages, ref_logp)
-    old_logp, A, ref_logp = (x if x is None else x.detach() if x.dim() == 1 else
-                             torch.where(mask, x.detach(), 0.0) for x in constants)
-    return torch.where(mask, logp, 0.0), old_logp, A if A.dim() == 2 else A[:, None], ref_logp
+    inputs = dict(logp=logp, old_logp=old_logp, advantages=advantages,
+                  ref_logp=ref_logp if beta > 0 else None)  # checked with the statistics
+    return loss, _loss_stats(inputs, mask, ratio, A, kl, eps_low, eps_high)
 
 
 def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -337,7 +369,15 @@ def self_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.T
     The direction KL(teacher || student) is OUR choice; many setups use KL(student || teacher).
     Args: student_logits, teacher_logits (N, T, V); mask; mode etc. as in token_weights.
     """
-    mask = _check_inputs(locals())
+    N, T, V = _check_tensors(("N", "T", "V"), floating=True, student_logits=student_logits,
+                             teacher_logits=teacher_logits)
+    mask = _check_mask(mask, (N, T), device=student_logits.device)
+    _check_values("student_logits", student_logits, (student_logits < math.inf) & (
+        (student_logits > -math.inf) | (teacher_logits == -math.inf)), "finite or -inf, and > -inf "
+        "where teacher_logits are (or KL(teacher || student) is infinite)", mask)
+    _check_values("teacher_logits", teacher_logits, teacher_logits < math.inf, "finite or -inf",
+                  mask)  # -inf: a token the teacher masked out
+    _check_aggregation(N, mode, group_size, max_len)
     real = mask[:, :, None]  # (N, T, 1): padding logits -> 0 before log_softmax
     teacher_logp = torch.log_softmax(torch.where(real, teacher_logits.detach(), 0.0).float(), -1)
     student_logp = torch.log_softmax(torch.where(real, student_logits, 0.0).float(), -1)
@@ -358,7 +398,9 @@ def counterfactual_shifts(logp: torch.Tensor, logp_pos: torch.Tensor, logp_neg: 
     d-_t = log pi(o_t | c-, q, o_<t) - log pi(o_t | q, o_<t)     (c- asserts "incorrect")
     Args: logp, logp_pos, logp_neg (one answer scored 3 ways), mask (N, T). Returns: (N, T) each.
     """
-    mask = _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), floating=True, logp=logp, logp_pos=logp_pos,
+                          logp_neg=logp_neg)
+    mask = _check_mask(mask, (N, T), device=logp.device)
     return torch.where(mask, logp_pos - logp, 0.0), torch.where(mask, logp_neg - logp, 0.0)
 
 
@@ -367,7 +409,9 @@ def counterfactual_sensitivity(d_pos: torch.Tensor, d_neg: torch.Tensor) -> torc
 
     It scores a token both assertions push the same way (not about the outcome) as one they push
     apart; shift_diagnostics splits the two. Returns: (N, T) >= 0."""
-    _check_inputs(locals())
+    _check_tensors(("N", "T"), d_pos=d_pos, d_neg=d_neg)
+    _check_values("d_pos", d_pos, d_pos.isfinite(), "finite")
+    _check_values("d_neg", d_neg, d_neg.isfinite(), "finite")
     return _counterfactual_sensitivity(d_pos, d_neg)
 
 
@@ -387,7 +431,12 @@ def cscr_weights(sensitivity: torch.Tensor, mask: torch.Tensor, strength: float,
     float32, 0 on padding and empty responses; log u_t shifted by its response's largest first, so
     no strength underflows to 0/0 (T = 0: an empty (N, 0)).
     """
-    mask = _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), sensitivity=sensitivity)
+    mask = _check_mask(mask, (N, T), device=sensitivity.device)
+    _check_values("sensitivity", sensitivity, (sensitivity >= 0) & (sensitivity < math.inf),
+                  "finite and >= 0", mask)
+    _check_arg("strength", strength, 0 <= _number(strength) < math.inf, "a finite number >= 0")
+    _check_arg("threshold", threshold, abs(_number(threshold)) < math.inf, "a finite number")
     log_w = -strength * torch.clamp(sensitivity.float() - threshold, min=0)  # (N, T) log u_t
     log_w = log_w.masked_fill(~mask, float("-inf"))
     if log_w.shape[-1] > 0:  # u_t / sum u is unchanged by a shift; this one avoids 0/0
@@ -407,7 +456,9 @@ def cscr_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Te
     cscr_weights it keeps A_i's sign and sum_t A_{i,t} = |o_i| A_i: the verifier sets direction
     and budget, the weights only where the credit lands.
     """
-    _check_inputs(locals(), advantages="N")
+    N, = _check_tensors(("N",), advantages=advantages)
+    _check_tensors((N, "T"), floating=True, device=advantages.device, weights=weights)
+    _check_values("weights", weights, (weights >= 0) & (weights < math.inf), "finite and >= 0")
     return advantages[:, None] * weights  # (N, T)
 
 
@@ -416,7 +467,9 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
     A -inf logit (a masked-out token) has p = 0 and adds nothing: the entropy is over the tokens
     that remain. Args: logits (N, T, V). Returns: (N, T); aggregate(H, mask, "token"): its mean."""
-    _check_inputs(locals())
+    _check_tensors(("N", "T", "V"), floating=True, logits=logits)
+    _check_values("logits", logits, (logits < math.inf) & (logits > -math.inf).any(-1, True),
+                  "finite or -inf, with a finite value at every position")
     logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T, V)
     p = logp.exp()  # (N, T, V)
     return -torch.where(p > 0, p * logp, 0.0).sum(dim=-1)  # (N, T)
@@ -430,7 +483,10 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor,
     all kept. No renormalisation: the loss keeps its denominator. Args: entropy, mask (N, T);
     top_fraction in (0, 1], 0.2 in the paper. Returns: keep (N, T) float.
     """
-    mask = _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), entropy=entropy)
+    mask = _check_mask(mask, (N, T), device=entropy.device)
+    _check_values("entropy", entropy, entropy.isfinite(), "finite", mask)
+    _check_arg("top_fraction", top_fraction, 0 < _number(top_fraction) <= 1, "a number in (0, 1]")
     real = entropy[mask].float()  # (number of real tokens,)
     if real.numel() == 0:
         return torch.zeros(entropy.shape, device=entropy.device)
@@ -458,7 +514,11 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
     mean |d+ + d-| / 2, the differential part mean |d+ - d-| / 2; num_tokens, num_affected. OUR
     statistic: the paper's rule for "affected" tokens is not known to us.
     """
-    mask = _check_inputs(locals())
+    N, T = _check_tensors(("N", "T"), d_pos=d_pos, d_neg=d_neg)
+    mask = _check_mask(mask, (N, T), device=d_pos.device)
+    _check_values("d_pos", d_pos, d_pos.isfinite(), "finite", mask)
+    _check_values("d_neg", d_neg, d_neg.isfinite(), "finite", mask)
+    _check_arg("min_shift", min_shift, 0 <= _number(min_shift) < math.inf, "a finite number >= 0")
     sensitivity = _counterfactual_sensitivity(d_pos, d_neg)  # (N, T)
     affected = mask & (sensitivity >= min_shift)  # (N, T)
     num_affected = affected.sum()
@@ -475,138 +535,111 @@ def shift_diagnostics(d_pos: torch.Tensor, d_neg: torch.Tensor, mask: torch.Tens
 # -----------------------------------------------------------------------------
 # input checks, made once at each public door: a ValueError says what was expected and what came
 
-# A door hands _check_inputs its arguments, locals(), each checked by its name's rule in _RULES
-# (or one the door gives). "N T f": a tensor of that shape (a letter is one size in a call: logp's
-# (N, T) is mask's; "|" between shapes; f: floating point), on the call's first tensor's device,
-# its values passing their _VALUES test (on real tokens when a mask came). A tuple of options: one
-# of them. (what, test): test(v, g) holds, v the value if a number (an int or float, never a bool)
-# else NaN, g the call's arguments and sizes. A function of g: the rule it returns. None: no check
-# here (fill_batch checks filter_key in each round's _check_round).
-_POSITIVE_INT = ("a positive int", lambda v, g: type(v) is int and v > 0)
-_RULES = dict(
-    lengths="N", rewards="B G", values="B G", advantages="N|N T", weights="N T f",
-    **dict.fromkeys(("logits", "student_logits", "teacher_logits"), "N T V f"),
-    **dict.fromkeys(("logp", "ratio", "logp_pos", "logp_neg"), "N T f"),
-    **dict.fromkeys(("mask", "per_token", "d_pos", "d_neg", "sensitivity", "entropy"), "N T"),
-    old_logp=lambda g: None if g["old_logp"] is None and g.get("surrogate") == "reinforce"
-    else "N T f", ref_logp=lambda g: None if g.get("beta") == 0 else "N T f",  # policy_loss's
-    scale=ADVANTAGE_SCALES, baseline=BASELINES, level=RATIO_LEVELS, ratio_level=RATIO_LEVELS,
-    surrogate=SURROGATES, mode=AGGREGATION_MODES,
-    **dict.fromkeys(("beta", "strength", "min_shift"), ("a finite number >= 0",
-                                                        lambda v, g: 0 <= v < math.inf)),
-    **dict.fromkeys(("eps_low", "eps_high"), ("a number >= 0", lambda v, g: v >= 0)),
-    eps=("a finite number > 0", lambda v, g: 0 < v < math.inf),
-    threshold=("a finite number", lambda v, g: abs(v) < math.inf),
-    top_fraction=("a number in (0, 1]", lambda v, g: 0 < v <= 1),
-    max_len=("a finite number > 0 (mode 'constant': Dr. GRPO's budget)",
-             lambda v, g: g["mode"] != "constant" or 0 < v < math.inf),
-    group_size=("a positive int dividing N = {N} (mode 'group_token')", lambda v, g: g["mode"]
-                != "group_token" or type(v) is int and v > 0 and g["N"] % v == 0),
-    cache_len=("an int in (0, max_len = {max_len}]", lambda v, g: type(v) is int
-               and 0 < v <= g["max_len"]), batch_size=_POSITIVE_INT, max_rounds=_POSITIVE_INT,
-    sample_groups=("callable", lambda v, g: callable(g["sample_groups"])), filter_key=None)
-_FINITE = ("finite", lambda x, g: x.isfinite())
-_AT_LEAST_0 = ("finite and >= 0", lambda x, g: (0 <= x) & (x < math.inf))
-_VALUES = dict(  # (what a tensor's values must be, their test of the tensor x and the call g)
-    rewards=_FINITE, values=_FINITE, entropy=_FINITE, d_pos=_FINITE, d_neg=_FINITE,
-    lengths=_AT_LEAST_0, sensitivity=_AT_LEAST_0, weights=_AT_LEAST_0,
-    mask=("0 or 1", lambda x, g: (x == 0) | (x == 1)),
-    teacher_logits=("finite or -inf", lambda x, g: x < math.inf),  # -inf: a masked-out token
-    student_logits=("finite or -inf, and > -inf where teacher_logits are (or KL(teacher || "
-                    "student) is infinite)", lambda x, g: (x < math.inf) & (
-                        (x > -math.inf) | (g["teacher_logits"] == -math.inf))),
-    logits=("finite or -inf, with a finite value at every position",
-            lambda x, g: (x < math.inf) & (x > -math.inf).any(-1, keepdim=True)))
-
-
 def _check_that(ok: bool, name: str, expected: str, got) -> None:
     if not ok:
         raise ValueError(f"{name} must {expected}, got {got}")
 
 
-def _check_inputs(g: dict, **rules) -> Optional[torch.Tensor]:
-    """A door's arguments g, each by its rule. Returns the mask as bool, when one came. g is the
-    door's locals(): its parameters first, in order, each with a rule; a local made before the
-    door (a name with no rule, and what follows it) is no argument and is not checked."""
-    rules, sizes, device = {**_RULES, **rules}, {}, None  # sizes: each letter's size in the call
-    names = [*g, None]  # the parameters: the leading names with a rule
-    g = {name: g[name] for name in names[:[n in rules for n in names].index(False)]}
-    for name, x in g.items():
-        rule, tensor = rules[name], torch.is_tensor(x)
-        rule = rule(g) if callable(rule) else rule
-        got = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if tensor else repr(x)
-        if rule is None:
-            continue
-        if isinstance(rule, str):  # a tensor: one of its shapes in the call's sizes, on its device
-            shapes = [tuple(s.split()) for s in rule.replace(" f", "").split("|")]
-            letters = next((s for s in shapes if tensor and x.dim() == len(s)), None)
-            want = letters and tuple(sizes.setdefault(k, n) for k, n in zip(letters, x.shape))
-            device, floating = device or getattr(x, "device", None), " f" in rule
-            ok = letters and want == x.shape and x.device == device and (
-                x.is_floating_point() or not floating)
-            expected = f"a {'floating-point ' * floating}torch.Tensor " + " or ".join(
-                str(s).replace("'", "") for s in ([letters] if letters else shapes)) + (
-                f" = {want}" * bool(letters) + f" on {device}" * bool(device))
-            got = got if tensor else type(x).__name__
-        elif callable(rule[-1]):  # (what, test)
-            v = x if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
-            ok, expected = rule[1](v, {**g, **sizes}), rule[0].format_map({**g, **sizes})
-        else:  # one of the options
-            ok, expected = type(x) is type(rule[0]) and x in rule, f"one of {rule}"
-        _check_that(ok, name, f"be {expected}", got)
-    mask = g.get("mask")
-    mask = mask if mask is None or mask.dtype == torch.bool else mask != 0
-    _check_values(g, mask, _VALUES)
-    return mask
+def _check_arg(name: str, x, ok: bool, expected: str) -> None:
+    """A number, a choice or a callable: ok says whether x is what was expected."""
+    if not ok:
+        raise ValueError(f"{name} must be {expected}, got {x!r}")
 
 
-def _check_values(g: dict, mask: Optional[torch.Tensor], rules: dict) -> None:
-    """The values of each tensor in g that rules name, on the real tokens when a mask came."""
-    for name, x in g.items():
-        if name in rules and x is not None and x.dtype != torch.bool:
-            (what, test), real = rules[name], x.dim() > 1 and name != "mask" and mask is not None
-            bad = ~test(x, g) & (mask.view(mask.shape + (1,) * (x.dim() - 2)) if real else True)
-            at = [tuple(i.tolist()) for i in bad.nonzero()[:1]] if bad.any() else []  # the first
-            _check_that(not at, name, f"be {what}" + " on real tokens" * real,
-                        at and f"{x[at[0]].item()} at index {at[0]}")
+def _number(x) -> float:
+    """x if it is an int or a float (a bool is not a number), else NaN: every comparison fails."""
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
 
 
-def _loss_stats(given, inputs, mask: torch.Tensor, ratio, kl, eps_low: float,
-                eps_high: float) -> Dict[str, float]:
-    """policy_loss's stats over real tokens, read in one synchronisation with the check that the
-    inputs are finite there (padding 0: a NaN or inf makes a sum one; an overflow looks further)."""
-    A = inputs[2]  # (N, T) or (N, 1)
+def _check_tensors(*shapes: tuple, floating: bool = False, device=None, **tensors) -> tuple:
+    """Each tensor, given as name=tensor, must be a torch.Tensor of one of the shapes (a size, or
+    a letter: any), floating point if asked, on device if given; after the first, of the first's
+    shape and device. Returns the first's shape."""
+    first = None
+    for name, x in tensors.items():
+        tensor = torch.is_tensor(x)
+        fits = tensor and any(x.shape == shape or len(shape) == x.dim() and all(
+            isinstance(size, str) or size == n for size, n in zip(shape, x.shape))
+            for shape in shapes)
+        if not (fits and (x.is_floating_point() or not floating) and device in (None, x.device)):
+            kind = "a floating-point torch.Tensor" if floating else "a torch.Tensor"
+            sizes = " or ".join(str(shape).replace("'", "") for shape in shapes)  # (N, T), (4, 3)
+            where = f" on {device}" if device is not None else ""
+            got = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if tensor else type(x).__name__
+            raise ValueError(f"{name} must be {kind} {sizes}{where}, got {got}")
+        if first is None:
+            first, shapes, device = x.shape, (tuple(x.shape),), x.device
+    return first
+
+
+def _check_aggregation(N: int, mode: str, group_size, max_len) -> None:
+    """mode one of AGGREGATION_MODES; group_size, for "group_token", a positive int dividing N;
+    max_len, for "constant", a finite number > 0."""
+    _check_arg("mode", mode, mode in AGGREGATION_MODES, f"one of {AGGREGATION_MODES}")
+    _check_arg("group_size", group_size, mode != "group_token" or type(group_size) is int
+               and group_size > 0 and N % group_size == 0,
+               f"a positive int dividing N = {N} (mode 'group_token')")
+    _check_arg("max_len", max_len, mode != "constant" or 0 < _number(max_len) < math.inf,
+               "a finite number > 0 (mode 'constant': Dr. GRPO's budget)")
+
+
+def _check_mask(mask, shape: tuple, device=None) -> torch.Tensor:
+    """mask must be a torch.Tensor of that shape, bool or numbers 0 and 1. Returns it as bool."""
+    _check_tensors(shape, device=device, mask=mask)
+    if mask.dtype != torch.bool:
+        _check_values("mask", mask, (mask == 0) | (mask == 1), "0 or 1")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _check_values(name: str, x: torch.Tensor, ok: torch.Tensor, expected: str,
+                  mask: Optional[torch.Tensor] = None) -> None:
+    """x's values where ok is False are not what was expected (on real tokens, given a mask)."""
+    real = ~ok if mask is None else ~ok & mask.view(mask.shape + (1,) * (x.dim() - mask.dim()))
+    if real.any():
+        at = tuple(real.nonzero()[0].tolist())
+        on = " on real tokens" if mask is not None else ""
+        _check_that(False, name, f"be {expected}{on}", f"{x[at].item()} at index {at}")
+
+
+def _loss_stats(inputs: dict, mask: torch.Tensor, ratio: Optional[torch.Tensor], A: torch.Tensor,
+                kl: Optional[torch.Tensor], eps_low: float, eps_high: float) -> Dict[str, float]:
+    """policy_loss's statistics over the real tokens, read from the device at once with the sum
+    of each input (name: tensor or None), padding and all: finite if the input is. If a value is
+    not (a NaN or an inf on a real token, or only in padding, or an overflow), look which input."""
     with torch.no_grad():
-        finite = torch.stack([x.sum().isfinite() for x in inputs if x is not None]).all()
-        values = [finite, torch.count_nonzero(mask)]
+        sums = {name: x.sum() for name, x in inputs.items() if x is not None}
+        sums["num_tokens"] = torch.count_nonzero(mask)
         if ratio is not None:  # padding has rho = 1 exactly: never clipped
-            values += [torch.count_nonzero((ratio < 1 - eps_low) & (A < 0)),
-                       torch.count_nonzero((ratio > 1 + eps_high) & (A > 0)), ratio.sum()]
-        if kl is not None:
-            values.append(kl.sum())
-        values = torch.stack([v.to(torch.float64) for v in values]).tolist()  # the one read
-    if not values[0]:  # a sum was not finite: which value?
-        _check_values(given, mask, dict.fromkeys(given, _FINITE))
-    stats, denom = dict(num_tokens=int(values[1])), max(values[1], 1)
-    if ratio is not None:  # ratio.sum() counted padding's 1s: take them out
-        stats.update(clip_frac_low=values[2] / denom, clip_frac_high=values[3] / denom,
-                     ratio_mean=(values[4] - (mask.numel() - values[1])) / denom)
-    if kl is not None:
-        stats["kl_mean"] = values[-1] / denom
-    return stats
+            sums.update(clip_frac_low=torch.count_nonzero((ratio < 1 - eps_low) & (A < 0)),
+                        clip_frac_high=torch.count_nonzero((ratio > 1 + eps_high) & (A > 0)),
+                        ratio_mean=ratio.sum())
+        if kl is not None:  # 0 on padding
+            sums["kl_mean"] = kl.sum()
+        sums = dict(zip(sums, torch.stack([x.double() for x in sums.values()]).tolist()))  # 1 read
+    if not all(map(math.isfinite, sums.values())):
+        for name, x in inputs.items():
+            if x is not None:
+                _check_values(name, x, x.isfinite(), "finite", mask if x.dim() == 2 else None)
+    n = sums["num_tokens"]
+    if "ratio_mean" in sums:
+        sums["ratio_mean"] -= mask.numel() - n  # the sum counted padding's 1s
+    means = ("clip_frac_low", "clip_frac_high", "ratio_mean", "kl_mean")  # of the real tokens
+    return dict(num_tokens=int(n), **{name: sums[name] / max(n, 1) for name in means
+                                      if name in sums})
 
 
 def _check_round(groups, filter_key: str, first: Optional[dict]) -> dict:
-    """One round of fill_batch's sampler: a dict of tensors, filter_key among them and (b, G), of
-    one leading size b, with the first round's keys and trailing shapes. Returns the first round's
-    shapes. Its message names the sampler's output, not informative_groups' argument."""
+    """One round of fill_batch's sampler: a dict of tensors, filter_key's (b, G), of one leading
+    size b, with the first round's keys and trailing shapes. Returns its shapes, b the leading
+    size. The message names the sampler's output, not informative_groups' argument."""
     given = groups if isinstance(groups, dict) else {}
-    tensors = all(torch.is_tensor(x) and x.dim() for x in given.values())
     got = {key: tuple(x.shape) if torch.is_tensor(x) else x for key, x in given.items()}
-    shapes = {key: ("b",) + shape[1:] for key, shape in got.items()} if tensors else None
-    _check_that(tensors and filter_key in got and len(got[filter_key]) == 2 and
-                len({s[0] for s in got.values()}) == 1 and shapes == (first or shapes),
-                "sample_groups()", f"return a dict of tensors with key {filter_key!r} (the "
-                f"filter_key) of shape (b, G), one leading size b" + bool(first) * (
-                    f", shapes {first} as in the first round"), got or repr(groups))
+    shapes = {k: ("b",) + got[k][1:] for k, x in given.items() if torch.is_tensor(x) and x.dim()}
+    expected = (f"return a dict of tensors with key {filter_key!r} (the filter_key) of shape "
+                f"(b, G), one leading size b")
+    if first is not None:
+        expected += f", shapes {first} as in the first round"
+    ok = (len(shapes) == len(got) and len(got.get(filter_key, ())) == 2
+          and len({shape[0] for shape in got.values()}) == 1 and shapes == (first or shapes))
+    _check_that(ok, "sample_groups()", expected, got or repr(groups))
     return first or shapes

@@ -9,8 +9,8 @@ then one train_tiny update, so both see the same machine load. The first --skip 
 are left out, and the result is the ratio of the medians (TRL / train_tiny). On CUDA every timed
 part starts and ends with torch.cuda.synchronize().
 
---loss times tokencredit.policy_loss forward+backward against the same loss written bare (no
-checks, no stats), alternating the two; it needs neither TRL nor the checkpoint.
+--loss times tokencredit.policy_loss forward+backward against TRL's and verl's own loss code, where
+installed, and a bare formula (bench/loss.py); it needs no checkpoint.
 
 Stock TRL 1.16 scores left-padded prompts without position_ids, so GPT-2 reads them at shifted
 positions; bench/bench.py measures that error before each run and times TRL with the fix
@@ -26,7 +26,8 @@ Then, from the project directory (the warm-up checkpoint is made on first use, 2
     OMP_NUM_THREADS=1 .venv-bench/bin/python -m bench --updates 20 --skip 3
     .venv-bench/bin/python -m bench --device cuda --threads 4    # both sides on the GPU
     python -m bench --updates 3        # without TRL: train_tiny's side only
-    python -m bench --loss             # policy_loss fwd+bwd against the bare formula; no TRL
+    .venv-trl/bin/python -m bench --loss   # policy_loss fwd+bwd against TRL's loss (verl's:
+                                           # .venv-verl/bin/python; neither: python -m bench)
     python -m bench --help
 
 Nothing is downloaded: the model and tokenizer come from runs/warmup-*/, and the hub is set offline.
@@ -53,7 +54,6 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
 sys.path.insert(0, HERE)
-import tokencredit as tc  # noqa: E402
 import tiny_task  # noqa: E402
 import train_tiny as tt  # noqa: E402
 
@@ -83,16 +83,16 @@ def parse_args(argv=None):
              "for left-padded prompts; see tokencredit_trl.mask_positions)")
     loss = parser.add_argument_group("policy_loss speed check (instead of the comparison with TRL)")
     loss.add_argument("--loss", action="store_true",
-                      help="time tokencredit.policy_loss forward+backward (mode token) against the "
-                           "bare formula")
-    loss.add_argument("--shape", type=int, nargs=2, default=(256, 4096), metavar=("N", "T"),
+                      help="time tokencredit.policy_loss forward+backward against TRL's and verl's "
+                           "own losses where installed, and a bare formula (bench/loss.py)")
+    loss.add_argument("--shape", type=int, nargs=2, metavar=("N", "T"),
                       help="responses and tokens per response of the random batch "
-                           "(default: 256 4096)")
+                           "(default: 256 4096, then 64 1024)")
     loss.add_argument("--repeats", type=int, default=15,
-                      help="timed repeats of each, alternating (default: 15)")
+                      help="timed rounds of each, alternating (default: 15)")
     opt = parser.parse_args(argv)
     if (opt.updates < 1 or opt.skip < 0 or opt.threads < 1 or opt.repeats < 1
-            or min(opt.shape) < 1):
+            or min(opt.shape or (1,)) < 1):
         parser.error(f"need --updates >= 1, --skip >= 0, --threads >= 1, --repeats >= 1 and "
                      f"--shape >= 1, got {opt.updates}, {opt.skip}, {opt.threads}, {opt.repeats} "
                      f"and {opt.shape}")
@@ -110,75 +110,6 @@ def parse_args(argv=None):
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-# -----------------------------------------------------------------------------
-# policy_loss against the bare formula (formerly tokencredit._benchmark)
-
-def count_reads(fn) -> int:
-    """How often fn reads a tensor's value back to Python (.item(), .tolist(), bool(), ...): on a
-    GPU each read waits for the device."""
-    reads, real = [], {m: getattr(torch.Tensor, m) for m in
-                       ("item", "tolist", "__bool__", "__float__", "__int__")}
-    for m, method in real.items():
-        setattr(torch.Tensor, m, lambda self, *a, _m=method: reads.append(1) or _m(self, *a))
-    try:
-        fn()
-    finally:
-        for m, method in real.items():
-            setattr(torch.Tensor, m, method)
-    return len(reads)
-
-
-def time_policy_loss(device, requested: str, N: int, T: int, repeats: int) -> float:
-    """Median seconds of policy_loss forward + backward over the bare formula's, alternating.
-
-    The bare formula is the same loss written without checks or stats:
-    -min(rho A, clip(rho) A), masked and averaged over real tokens ("token" mode). Returns the
-    ratio.
-    """
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.randint(1, T + 1, (N,), generator=g)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)  # (N, T)
-    logp = (-torch.rand(N, T, generator=g) * 3).to(device).requires_grad_()
-    old_logp = logp.detach() + 0.1 * torch.randn(N, T, generator=g).to(device)
-    advantages = torch.randn(N, generator=g).to(device)
-    mask_float = mask.float()  # prepared once, outside the timing: the bare formula's best case
-
-    def run_policy_loss():
-        logp.grad = None
-        loss, _ = tc.policy_loss(logp, old_logp, advantages, mask, mode="token")
-        loss.backward()
-        return loss.detach()
-
-    def run_bare_formula():
-        logp.grad = None
-        ratio = torch.exp(logp - old_logp)  # (N, T)
-        A = advantages[:, None]  # (N, 1)
-        per_token = -torch.minimum(ratio * A, torch.clamp(ratio, 0.8, 1.2) * A)  # (N, T)
-        loss = (per_token * mask_float).sum() / mask_float.sum()
-        loss.backward()
-        return loss.detach()
-
-    def seconds(fn) -> float:
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)  # CUDA runs asynchronously: wait for the work, not just its launch
-        return time.perf_counter() - start
-
-    same = (run_policy_loss() - run_bare_formula()).abs().item()  # also the warm-up
-    print(f"host reads of the device per policy_loss call: {count_reads(run_policy_loss)}")
-    ours, bare = [], []
-    for _ in range(repeats):  # alternate, so that a busy moment slows both alike
-        ours.append(seconds(run_policy_loss))
-        bare.append(seconds(run_bare_formula))
-    t_ours, t_bare = statistics.median(ours), statistics.median(bare)
-    print(tiny_task.describe_device(device, requested))
-    print(f"N={N} T={T}: policy_loss fwd+bwd {t_ours * 1e3:.1f} ms, bare formula fwd+bwd "
-          f"{t_bare * 1e3:.1f} ms, ratio {t_ours / t_bare:.2f}x (median of {repeats}, "
-          f"alternating; the two losses differ by {same:.1e})")
-    return t_ours / t_bare
 
 
 def load(path, device):
@@ -353,7 +284,8 @@ def main(argv=None):
     opt = parse_args(argv)
     torch.set_num_threads(opt.threads)
     if opt.loss:
-        return dict(ratio=time_policy_loss(opt.device, opt.requested, *opt.shape, opt.repeats))
+        from bench.loss import main as compare_losses
+        return compare_losses(opt)
     import transformers
     tiny_task.quiet_transformers()
     print(tiny_task.describe_device(opt.device, opt.requested), flush=True)

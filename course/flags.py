@@ -1,6 +1,6 @@
 """The flag scan: what in a submission reaches past the exercises, read from its ast (nothing is
 run; docs/course.md, "Flags", says what is flagged and what --strict does). A correct solution
-written the ordinary way has none: the doors' given `_check_inputs(locals())` is not locals."""
+written the ordinary way has none."""
 
 import ast
 import re
@@ -102,11 +102,6 @@ def scan(source: str, extra_files=()) -> list:
     docstrings = {id(node.value) for node in nodes  # and strings that are statements (code kept
                   if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}  # in
     # one is dropped by the compiler: reading it needs open, __file__ or inspect)
-    given = {id(node.args[0].func) for node in nodes  # the door's own line
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-             and node.func.id == "_check_inputs" and node.args
-             and isinstance(node.args[0], ast.Call) and isinstance(node.args[0].func, ast.Name)
-             and node.args[0].func.id == "locals" and not node.args[0].args}
     modules = {alias.asname or alias.name.split(".")[0] for node in nodes
                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     aliases, todo = {}, list(modules)  # a name: the names assigned from it (_t = torch.Tensor)
@@ -147,8 +142,7 @@ def scan(source: str, extra_files=()) -> list:
             bad = [a.name for a in node.names if reaches(a.name)]  # from numpy import ctypeslib
             said = f"imports from {node.module or '.'}" if node.level or top not in IMPORTS \
                 else f"imports {', '.join(bad)} from {node.module}" if bad else None
-        elif isinstance(node, ast.Name) and (node.id in MODULES
-                                             or node.id in NAMES and id(node) not in given):
+        elif isinstance(node, ast.Name) and (node.id in MODULES or node.id in NAMES):
             said = f"uses {node.id}"
         elif isinstance(node, ast.Call) and called(node) in BY_NAME:  # getattr(torch, "os")
             at = int(called(node).endswith("attr"))  # the name: attrgetter's first argument

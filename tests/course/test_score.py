@@ -246,25 +246,9 @@ def group_advantages(rewards, *args, **kwargs):
 # -----------------------------------------------------------------------------
 # correct code that loses: the door
 
-
-def test_the_door_checks_the_parameters_wherever_it_stands():
-    import tokencredit as tc
-
-    def door(logp, mask, mode):
-        """A door with locals made before it; `mode` a local with a rule of its own."""
-        x, mask_count = 1, 2
-        return tc._check_inputs(locals())
-    logp = torch.zeros(2, 3)
-    assert door(logp, torch.ones(2, 3), "token").dtype == torch.bool
-    with pytest.raises(ValueError, match=r"mask must be a torch.Tensor"):
-        door(logp, torch.ones(2, 4), "token")  # a parameter is still checked
-    with pytest.raises(ValueError, match=r"mode must be one of"):
-        door(logp, torch.ones(2, 3), "tokens")
-
-
 def test_a_correct_file_with_a_harmless_first_line_gets_full_marks(grader):
     text = insert(REFERENCE, "x = 1", EXERCISES, after_door=False)
-    assert "    x = 1\n    _check_inputs(locals())" in text
+    assert '    x = 1\n    _check_tensors(("B", "G"), rewards=rewards)' in text
     rows = grader.grade(text)
     assert total(rows) == 80, [(r["k"], r["points"], list(r["failed"])[:2]) for r in rows]
     assert flags.scan(text) == []
@@ -277,7 +261,7 @@ def test_a_correct_file_with_a_harmless_first_line_gets_full_marks(grader):
 def test_a_mistake_found_on_some_draws_only_still_gets_one_score_on_every_route(grader, tmp_path):
     """overlong_penalty wrong past max_len 35: a fresh draw finds it on about half the seeds.
     Graded REPEATS times by grade PATH, in a class of copies by grade-all and by the bundle."""
-    door = "_check_inputs(locals(), max_len=_POSITIVE_INT)  # here a count of tokens\n"
+    door = '               f"an int in (0, max_len = {max_len}]")\n'  # the door's last line
     text = source.apply_edits(REFERENCE, [(door, door + "    if max_len > 35:\n"
                                            "        return torch.zeros(lengths.shape)\n")])
     seen = set()

@@ -203,3 +203,16 @@ def test_readme_intervals_are_what_its_commands_print(capsys):
     quoted = re.findall(rf"{number} \[{number}, {number}\]", " ".join(prose.split()))
     assert len(quoted) >= 7, quoted
     assert not [q for q in quoted if q not in printed], [q for q in quoted if q not in printed]
+
+
+def test_bench_loss_compares_equal_losses_and_says_which_baselines_it_skipped(capsys):
+    """`python -m bench --loss` (docs/speed.md), here without TRL and verl: the loss it times is
+    the bare formula's, value and gradient, and the baselines it could not import are named."""
+    import re
+    from bench import loss
+    skipped = set()
+    loss.compare(4, 8, "sample", 2, skipped)
+    line, = [x for x in capsys.readouterr().out.splitlines() if "the bare formula" in x]
+    differences = re.search(r"differ by (\S+), the gradients by at most (\S+)\)", line).groups()
+    assert all(abs(float(x)) < 1e-6 for x in differences), line
+    assert {why.split()[0] for why in skipped} == {"TRL", "verl"}

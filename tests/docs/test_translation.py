@@ -949,7 +949,7 @@ def test_trl_vllm_importance_sampling_correction(mode):
                                                importance_sampling_level="sequence"),
             logp)
         # unexpanded, the (N, 1) ratio is not (N, T) advantages
-        with pytest.raises(ValueError, match=r"advantages must be a torch.Tensor \(N, T\) = \(8, 9\) on cpu, got \(8, 1\)"):
+        with pytest.raises(ValueError, match=r"advantages must be a torch.Tensor \(8,\) or \(8, 9\) on cpu, got \(8, 1\)"):
             tc.policy_loss(logp, old, A[:, None] * w, mask, mode="token")
 
 
