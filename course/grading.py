@@ -105,10 +105,11 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
                       for q in glob.glob(os.path.join(p, pattern))]
     installed = {r for p in places for pattern in ("tokencredit*", "__pycache__/tokencredit*")
                  for q in glob.glob(os.path.join(p, pattern)) for r in (q, os.path.realpath(q))}
-    for path in sorted(installed):
-        argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
-    argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
-             "--remount-ro", "/dev", "--chdir", "/tmp"]  # /dev's tmpfs is no second disk
+    for path in sorted(installed):  # an empty folder or file, neither one to write in
+        argv += ["--tmpfs", path, "--remount-ro", path] if os.path.isdir(path) else [
+            "--ro-bind", "/dev/null", path]
+    argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",  # read-only:
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]  # /tmp, the one disk
     if uid is None:
         return argv
     sources = {os.path.realpath(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind"}
