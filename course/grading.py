@@ -10,6 +10,7 @@ without one: docs/instructors.md, "What the grader protects against".
 
 import ast
 import contextlib
+import fcntl
 import glob
 import hashlib
 import importlib.util
@@ -61,7 +62,9 @@ LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise) was reached",
                               "reached",
                "malformed": "it broke the grader's protocol",
                "died": "its process died"}
-SANDBOX_UID = 1_500_000_000  # as root, the n-th sandbox runs as uid + n
+SANDBOX_UID = 1_500_000_000  # as root, a run's n-th sandbox runs as uid + its block's + n
+UID_BLOCK = 10 ** 6  # uids per run's block (`claim_uids`); 2,000 blocks fit below 2**32
+UID_LOCKS = "/run/course-sandbox-uids"  # a lock file per block, held by the run that uses it
 NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
               "user and can read, signal and write what it can")
 SAME_NOTE = "the published reference's code, statement for statement: the student's own?"
@@ -178,6 +181,21 @@ def find_sandbox():
     return None
 
 
+def claim_uids() -> tuple:
+    """(the first uid of a block that no other run on this machine holds, the lock's file
+    descriptor): two runs' sandboxes never share a uid. The lock goes with this process."""
+    os.makedirs(UID_LOCKS, mode=0o700, exist_ok=True)
+    for block in range(2000):
+        fd = os.open(os.path.join(UID_LOCKS, str(block)),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return SANDBOX_UID + block * UID_BLOCK, fd
+        except BlockingIOError:  # another run's
+            os.close(fd)
+    raise RuntimeError(f"course: all 2,000 blocks of sandbox uids are held ({UID_LOCKS})")
+
+
 CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_bytes",
                         swap="memory.memsw.limit_in_bytes", events="memory.oom_control"),
                 2: dict(limit="memory.max", usage="memory.current", swap="memory.swap.max",
@@ -241,6 +259,7 @@ class Driver:
         self.limits = dict(LIMITS, **(limits or {}))
         self.stale = []  # the cgroups of dropped sandboxes, until `reap` removes them
         self.sandbox = find_sandbox()
+        self.uids = claim_uids() if self.sandbox and self.sandbox["uid"] else None
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
         self.code = os.path.join(self.private, "zygote")  # the child's two files, /course in a box
@@ -267,7 +286,7 @@ class Driver:
         """A fresh sandbox (bwrap's, when there is one) with a zygote (course/child.py) in it that
         loads torch: its process, and the control line the judge gets with its first job."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
-        uid = self.sandbox and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 10 ** 8
+        uid = self.uids and self.uids[0] + self.started % UID_BLOCK
         box = [] if self.sandbox is None else sandbox_argv(self.code, self.limits["disk_mb"], uid)
         code, work = ("/course", "/tmp") if box else (self.code, self.code)
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
@@ -460,6 +479,8 @@ class Driver:
             self.drop(box)
         self.reap(wait_s=5)
         shutil.rmtree(self.private, ignore_errors=True)
+        if self.uids:
+            os.close(self.uids[1])  # the block, free for another run
 
 
 # -----------------------------------------------------------------------------
