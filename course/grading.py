@@ -3,7 +3,7 @@
 The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
 folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
 is one job, on worker n mod the workers (n: its place in the set), in a bubblewrap sandbox no job
-has used (`sandbox_argv`, ENTER, `memory_cgroup`; the test map's jobs, the reference's own code,
+has used (`sandbox_argv`, ENTER, `find_cgroup`; the test map's jobs, the reference's own code,
 share one a worker). What the sandbox, its uid, its cgroup and the limits guard, and what runs
 without one: docs/instructors.md, "What the grader protects against".
 """
@@ -167,9 +167,9 @@ os.execvp(argv[0], argv)
 
 
 def find_sandbox():
-    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup": memory_cgroup()}
-    if bwrap runs this Python here (as root, under a uid of its own, else under root); else
-    None."""
+    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup", "cpu": the
+    memory and cpu find_cgroup} if bwrap runs this Python here (as root, under a uid of its own,
+    else under root); else None."""
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
@@ -177,7 +177,7 @@ def find_sandbox():
                 argv = sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c", "pass"]
                 subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=60)
-                return dict(uid=uid, cgroup=memory_cgroup())
+                return dict(uid=uid, cgroup=find_cgroup("memory"), cpu=find_cgroup("cpu"))
     return None
 
 
@@ -202,21 +202,25 @@ CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_by
                         events="memory.events")}
 
 
-def memory_cgroup():
-    """{"folder", "version"}: where this process may make memory cgroups of its own (v1's memory
-    hierarchy, or v2's where memory is on for its children), else None (docs/instructors.md)."""
+def find_cgroup(controller: str):
+    """{"folder", "version"}: where this process may make cgroups of its own with `controller`
+    ("memory" or "cpu") on for them (v1's hierarchy of it, or v2's where it is on for its
+    children), else None (docs/instructors.md)."""
     for line in read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
-        version = 1 if "memory" in controllers.split(",") else 2 if not controllers and (
+        version = 1 if controller in controllers.split(",") else 2 if not controllers and (
             os.path.exists("/sys/fs/cgroup/cgroup.controllers")) else None
         if version is None:
             continue
-        cgroup = dict(folder=("/sys/fs/cgroup/memory" if version == 1 else "/sys/fs/cgroup")
+        cgroup = dict(folder=(f"/sys/fs/cgroup/{controller}" if version == 1 else "/sys/fs/cgroup")
                       + path, version=version)
         probe = os.path.join(cgroup["folder"], f"course-probe-{os.getpid()}")
         try:  # what start_box and Driver.warm do: a limit, and a process started in it
             os.mkdir(probe)
-            cap(cgroup, probe, 1 << 30)
+            if controller == "memory":
+                cap(cgroup, probe, 1 << 30)
+            elif not os.path.exists(os.path.join(probe, ("cpu.shares", "cpu.weight")[version - 1])):
+                continue  # v2 with cpu off for its children
             subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
             return cgroup
         except (OSError, subprocess.SubprocessError):
@@ -227,9 +231,9 @@ def memory_cgroup():
     return None
 
 
-def joining(folder: str):
-    """A preexec_fn: the new process joins the cgroup `folder` before it runs anything."""
-    return lambda: write_to(os.path.join(folder, "cgroup.procs"), os.getpid())
+def joining(*folders):
+    """A preexec_fn: the new process joins the cgroups `folders` before it runs anything."""
+    return lambda: [write_to(os.path.join(f, "cgroup.procs"), os.getpid()) for f in folders]
 
 
 def cgroup_file(cgroup: dict, folder: str, which: str) -> str:
@@ -292,18 +296,20 @@ class Driver:
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LANG="C.UTF-8", HOME=work, PYTHONHASHSEED="0")  # all it gets (no -E)
         self.started += 1
-        cgroup = None
-        if box and self.sandbox["cgroup"]:  # bwrap starts in it: all the sandbox's processes are
-            cgroup = os.path.join(self.sandbox["cgroup"]["folder"],
-                                  f"course-{os.getpid()}-{time.time_ns()}")
-            os.mkdir(cgroup)
+        name, cgroups = f"course-{os.getpid()}-{time.time_ns()}", []  # its memory's, its cpu's
+        for which in ("cgroup", "cpu") if box else ():
+            folder = self.sandbox[which] and os.path.join(self.sandbox[which]["folder"], name)
+            if folder and folder not in cgroups:  # v2: one folder for both
+                os.mkdir(folder)
+                cgroups.append(folder)
         process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
             box + [sys.executable, "-s", os.path.join(code, "child.py"),
                    str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, preexec_fn=joining(cgroup) if cgroup else None)
-        theirs.close()
-        return dict(process=process, control=ours, cgroup=cgroup)
+            stderr=subprocess.DEVNULL, preexec_fn=joining(*cgroups) if cgroups else None)
+        theirs.close()  # all the sandbox's processes are in its cgroups: bwrap starts there
+        return dict(process=process, control=ours, cgroups=cgroups,
+                    cgroup=cgroups[0] if self.sandbox and self.sandbox["cgroup"] else None)
 
     def warm(self, box) -> None:
         """Wait for the sandbox's zygote to load torch (its line "ready"); then its cgroup may
@@ -351,7 +357,7 @@ class Driver:
             box["process"].stdout.close()
             box["process"].kill()
             box["process"].wait()
-            self.stale += [box["cgroup"]] if box["cgroup"] else []
+            self.stale += box["cgroups"]
             self.reap()
 
     def reap(self, wait_s=0.0) -> None:
