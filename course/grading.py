@@ -334,11 +334,10 @@ class Driver:
         return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
 
     def give_box(self, worker) -> None:
-        """A sandbox for the worker's job: a warm one no job has used (unless reuse); then
-        another starts if the jobs still to come outnumber the warm ones (4 at most)."""
+        """A sandbox for the worker's job: a warm one no job has used (unless reuse; one that died
+        meanwhile fails `warm`); then another starts if the jobs still to come outnumber the warm
+        ones (4 at most)."""
         if worker["box"] is None:
-            while self.boxes and self.boxes[0]["process"].poll() is not None:
-                self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
             worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
             self.left -= 1
             if len(self.boxes) < min(self.left, 4):
@@ -425,6 +424,7 @@ class Driver:
         """Killed, and gone before this returns: the first worker is this process's child, the
         others are its forks, waited for by their pidfd."""
         self.drop(worker["box"])
+        worker["box"] = None
         if "pidfd" not in worker:
             worker["process"].kill()
             worker["process"].wait()
@@ -446,34 +446,49 @@ class Driver:
             for i, worker in enumerate(self.pool):
                 if worker["job"] is None and todo[i]:
                     job = worker["job"] = todo[i].pop(0)
-                    with contextlib.suppress(OSError):  # a dead worker: its deadline says so
+                    try:
                         self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
+                    except OSError:  # a dead worker: its deadline says so
+                        pass
+                    except RuntimeError as error:  # its sandbox did not start (`warm`)
+                        self.done(worker, dict(id=job["id"], grader=str(error)), todo[i], results)
                     worker["deadline"] = time.monotonic() + job["limit"] + 60
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:
+                i = self.pool.index(worker)
                 message = self.next_message(worker, time.monotonic() + 0.01) if (
                     worker["channel"] in ready or b"\n" in worker["buffer"]) else None
                 if message is not None:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
-                        box = worker["box"]
-                        if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
-                            # its cgroup (this job's alone, capped before it) ran out of memory
-                            message.update(limit="memory", stopped="the kernel killed it")
-                        results[message["id"]] = message
-                        worker["job"] = None
-                        if not self.reuse:  # with all the job left in it: no later job of the
-                            self.drop(worker["box"])  # submission finds what this one wrote
-                            worker["box"] = None
+                        self.done(worker, message, todo[i], results)
                 elif worker["closed"] or time.monotonic() > worker["deadline"]:
-                    job = worker["job"]
-                    results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
-                                              stopped="the grader's judge process stopped",
-                                              calls={}, snapshots={})
                     self.kill_worker(worker)
-                    self.pool[self.pool.index(worker)], = self.start_workers(1)
+                    self.done(worker, dict(id=worker["job"]["id"],
+                                           grader="the grader's judge process stopped"), todo[i],
+                              results)
+                    self.pool[i], = self.start_workers(1)
         return [results[job["id"]] for job in jobs]
+
+    def done(self, worker, message: dict, queue: list, results: dict) -> None:
+        """The worker's job's result; but a job the grader failed (`grader`: its sandbox or judge
+        stopped before the student's code ran, or its sandbox ended for no memory of its own)
+        runs once more, next, in a fresh sandbox."""
+        job, box, worker["job"] = worker["job"], worker["box"], None
+        if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
+            # its cgroup (this job's alone, capped before it) ran out of memory: the student's
+            message.update(limit="memory", stopped="the kernel killed it", grader=None)
+        if not self.reuse or message.get("grader"):  # with all the job left in it: no later job
+            self.drop(box)  # of the submission finds what this one wrote
+            worker["box"] = None
+        if message.get("grader") and "first" not in job:
+            queue.insert(0, dict(job, id=self.ids, first=job["id"]))
+            self.ids += 1
+        else:
+            results[job.get("first", job["id"])] = dict(
+                results={}, error=None, limit=None, stopped=None, calls={}, snapshots={},
+                grader=None) | message
 
     def close(self) -> None:
         """The judges and the sandboxes killed, not asked (a Python with torch takes a second to
@@ -528,9 +543,9 @@ def compute_map(reference: str, tests: dict) -> dict:
                                   names=names, tests=everything, trace=names, record=True,
                                   limit=LIMITS["time_s"] * 8)])
         failing = [t for t, failure in whole["results"].items() if failure]
-        if whole["error"] or failing or whole["stopped"]:
+        if whole["error"] or whole["grader"] or failing or whole["stopped"]:
             raise SystemExit(f"course: the reference fails {len(failing)} tests: {failing[:5]} "
-                             f"{whole['error'] or whole['stopped'] or ''}\n"
+                             f"{whole['error'] or whole['grader'] or whole['stopped'] or ''}\n"
                              + "\n".join(whole["results"][t] for t in failing[:2]))
         calls = {t: set(c) for t, c in whole["calls"].items()}
         jobs = [dict(student=blank(reference, names=[name]), label="tokencredit.py",
@@ -540,7 +555,8 @@ def compute_map(reference: str, tests: dict) -> dict:
         results = driver.run(jobs)
     finally:
         driver.close()
-    stopped = [r["error"] or r["stopped"] for r in results if r["error"] or r["limit"]]
+    stopped = [r["error"] or r["grader"] or r["stopped"] for r in results
+               if r["error"] or r["limit"] or r["grader"]]
     if stopped:  # a blanked copy that did not run its tests: its fails would be wrong
         raise SystemExit(f"course: a run of the blanked reference for the map stopped: "
                          f"{stopped[0]}")
@@ -617,10 +633,13 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     "Points" says."""
     row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={},
                blank=[name for name in plan["functions"] if name in result.get("blank", ())],
-               limit=result.get("limit"), error=result.get("error"), notes=[])
+               limit=result.get("limit"), error=result.get("error"), notes=[],
+               grader=result.get("grader"))
     if row["limit"]:
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
         row["error"] = f"0 points: {named} ({result.get('stopped')})"
+    if row["grader"]:  # no points, and the file no total (`report.total`)
+        row.update(limit="grader", error=f"grader error ({row['grader']}): grade the file again")
     total_points, functions = 0.0, plan["functions"]
     uses = by_test(functions)  # test: the functions of exercise k it needs
     not_run = f"not run: {result.get('stopped') or 'the test did not run'}"
@@ -784,10 +803,10 @@ class Grader:
             driver.close()
 
 
-def zero_rows(exercises, why: str) -> list:
-    """0 points, and why (a file not read, say): score's rows for no tests."""
-    return [score(dict(functions={}, later={}), k, dict(results={}, error=why), {}, LIMITS)
-            for k in exercises]
+def zero_rows(exercises, why: str, grader=False) -> list:
+    """0 points, and why (a file not read, say), or a grader error: score's rows for no tests."""
+    return [score(dict(functions={}, later={}), k, {"results": {}, "grader" if grader else "error":
+                                                    why}, {}, LIMITS) for k in exercises]
 
 
 SOURCE_LIMIT = 2 ** 20  # bytes of a submission's tokencredit.py read at most

@@ -58,9 +58,21 @@ def format_rows(rows: list, verbose: bool) -> str:
                      f"{row['max']:g} points" + ("  " + "; ".join(said) if said else ""))
         if verbose:
             lines += details(row)
-    total, top = sum(r["points"] for r in rows), sum(r["max"] for r in rows)
-    lines.append(f"total {total:.1f}/{top:g} points")
+    got, top = total(rows), sum(r["max"] for r in rows)
+    lines.append(f"total {got:.1f}/{top:g} points" if got is not None else
+                 f"total: none, a grader error (exercise {', '.join(errors(rows))}): grade the "
+                 "file again")
     return "\n".join(lines)
+
+
+def errors(rows: list) -> list:
+    """The exercises the grader failed on (twice: `Driver.done`), as text."""
+    return [str(r["k"]) for r in rows if r["grader"]]
+
+
+def total(rows: list):
+    """The file's points, or None while the grader failed on one of its exercises."""
+    return None if errors(rows) else sum(r["points"] for r in rows)
 
 
 def flag_lines(flags: list) -> list:
@@ -68,9 +80,11 @@ def flag_lines(flags: list) -> list:
             for flag in flags]
 
 
-def gradescope(rows: list, flags=(), answers=None) -> dict:
+def gradescope(rows: list, flags=(), answers=None):
     """Gradescope's results.json: one entry per exercise, then the written form's (`answers`:
-    its rows and problems, course/written.py)."""
+    its rows and problems, course/written.py); None while the file has no total."""
+    if total(rows) is None:
+        return None
     tests = [dict(name=f"exercise {row['k']}: {EXERCISES[row['k']][0]}", score=row["points"],
                   max_score=row["max"], visibility="visible", output="\n".join(
                       [f"{row['passed']}/{row['total']} tests passed"] + notes(row) + details(row)))
