@@ -188,11 +188,10 @@ def claim_uids() -> tuple:
     for block in range(2000):
         fd = os.open(os.path.join(UID_LOCKS, str(block)),
                      os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
+        with contextlib.suppress(BlockingIOError):  # else another run's
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return SANDBOX_UID + block * UID_BLOCK, fd
-        except BlockingIOError:  # another run's
-            os.close(fd)
+        os.close(fd)
     raise RuntimeError(f"course: all 2,000 blocks of sandbox uids are held ({UID_LOCKS})")
 
 
@@ -318,15 +317,11 @@ class Driver:
         ready, _, _ = select.select([box["process"].stdout], [], [], 300)
         said = os.read(box["process"].stdout.fileno(), 6) if ready else b""
         box["process"].stdout.close()
-        try:  # a failure here is the grader's, before any student's code: never a student's 0
-            if said != b"ready\n":
-                raise OSError("its Python did not start")
-            if box["cgroup"]:
-                usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
-                cap(self.sandbox["cgroup"], box["cgroup"],
-                    usage + (self.limits["memory_mb"] << 20))
-        except OSError as error:
-            raise RuntimeError(f"course: a sandbox failed: {error}") from error
+        if said != b"ready\n":
+            raise RuntimeError("its Python did not start")
+        if box["cgroup"]:
+            usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
+            cap(self.sandbox["cgroup"], box["cgroup"], usage + (self.limits["memory_mb"] << 20))
 
     def ooms(self, box) -> int:
         """How many of the sandbox's processes its cgroup's limit has killed."""
@@ -449,10 +444,9 @@ class Driver:
                     try:
                         self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
-                    except OSError:  # a dead worker: its deadline says so
-                        pass
-                    except RuntimeError as error:  # its sandbox did not start (`warm`)
-                        self.done(worker, dict(id=job["id"], grader=str(error)), todo[i], results)
+                    except (OSError, RuntimeError) as error:  # its sandbox, or its judge
+                        self.restart(i, todo[i], results, f"a sandbox or a judge failed: {error}")
+                        continue
                     worker["deadline"] = time.monotonic() + job["limit"] + 60
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
@@ -464,12 +458,15 @@ class Driver:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         self.done(worker, message, todo[i], results)
                 elif worker["closed"] or time.monotonic() > worker["deadline"]:
-                    self.kill_worker(worker)
-                    self.done(worker, dict(id=worker["job"]["id"],
-                                           grader="the grader's judge process stopped"), todo[i],
-                              results)
-                    self.pool[i], = self.start_workers(1)
+                    self.restart(i, todo[i], results, "the grader's judge process stopped")
         return [results[job["id"]] for job in jobs]
+
+    def restart(self, i: int, queue: list, results: dict, why: str) -> None:
+        """Worker i, whose job the grader failed (`done`), killed, and a fresh one in its place."""
+        worker = self.pool[i]
+        self.kill_worker(worker)
+        self.done(worker, dict(id=worker["job"]["id"], grader=why), queue, results)
+        self.pool[i], = self.start_workers(1)
 
     def done(self, worker, message: dict, queue: list, results: dict) -> None:
         """The worker's job's result; but a job the grader failed (`grader`: its sandbox or judge

@@ -58,21 +58,15 @@ def format_rows(rows: list, verbose: bool) -> str:
                      f"{row['max']:g} points" + ("  " + "; ".join(said) if said else ""))
         if verbose:
             lines += details(row)
-    got, top = total(rows), sum(r["max"] for r in rows)
-    lines.append(f"total {got:.1f}/{top:g} points" if got is not None else
-                 f"total: none, a grader error (exercise {', '.join(errors(rows))}): grade the "
-                 "file again")
+    errors = ", ".join(str(r["k"]) for r in rows if r["grader"])
+    lines.append(f"total: none, a grader error (exercise {errors}): grade the file again"
+                 if errors else f"total {total(rows):.1f}/{sum(r['max'] for r in rows):g} points")
     return "\n".join(lines)
 
 
-def errors(rows: list) -> list:
-    """The exercises the grader failed on (twice: `Driver.done`), as text."""
-    return [str(r["k"]) for r in rows if r["grader"]]
-
-
 def total(rows: list):
-    """The file's points, or None while the grader failed on one of its exercises."""
-    return None if errors(rows) else sum(r["points"] for r in rows)
+    """The file's points, or None while the grader failed (twice: `Driver.done`) on an exercise."""
+    return None if any(r["grader"] for r in rows) else sum(r["points"] for r in rows)
 
 
 def flag_lines(flags: list) -> list:

@@ -15,7 +15,8 @@ from test_sandbox import BASE, CORRECT, SEED, rows_of
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(grading.find_sandbox() is None, reason="bwrap cannot run here")]
 
-DOOMED = "\n# the test kills this file's sandboxes\n"  # a file whose sandboxes the test kills
+DOOMED = "\n# the test kills this file's sandboxes\n"
+RAISES = "\n# the test raises a grader's own exception on this file\n"
 
 
 class Killer:
@@ -55,50 +56,36 @@ def test_a_sandbox_that_dies_before_the_student_s_code_runs_is_graded_again(tmp_
 
 def test_a_second_failure_is_a_grader_error_and_the_file_gets_no_total(tmp_path, monkeypatch,
                                                                         capsys):
-    """Every sandbox of b dies before its zygote forks: each of b's exercises says "grader
-    error" in the CSV, b's total is none, grade-all names b and fails; its classmates keep
-    their grades; `grade PATH` prints no total either."""
-    killing = Killer(monkeypatch)
+    """Every sandbox of b dies before its zygote forks, and handing out d's first sandbox raises
+    (a grader's own exception in the middle of a file's batch left its jobs in the driver, once:
+    the next classmates read them and got 0). Each of b's and d's exercises says "grader error"
+    in the CSV, so do their totals; grade-all names them and fails; their classmates keep their
+    grades; `grade PATH` prints no total either."""
+    killing, give_box = Killer(monkeypatch), grading.Driver.give_box
+
+    def raising(driver, worker):
+        if RAISES in worker["job"]["student"]:
+            raise KeyError("a grader's own failure")
+        return give_box(driver, worker)
+    monkeypatch.setattr(grading.Driver, "give_box", raising)
     (tmp_path / "class").mkdir()
-    for name, text in (("a", CORRECT), ("b", CORRECT + DOOMED), ("c", BASE)):
+    for name, text in (("a", CORRECT), ("b", CORRECT + DOOMED), ("c", BASE),
+                       ("d", CORRECT + RAISES), ("e", CORRECT)):
         (tmp_path / "class" / f"{name}.py").write_text(text)
-    with pytest.raises(SystemExit, match="a grader error on 1 files.*: b$"):
+    with pytest.raises(SystemExit, match="a grader error on 2 files.*: b, d$"):
         course_main.main(["grade-all", str(tmp_path / "class"), "--set", "grpo", "--seed",
                           str(SEED), "--csv", str(tmp_path / "g.csv")])
     rows = rows_of(tmp_path / "g.csv")
     assert len(killing.killed) == 6  # b's three exercises, twice each
-    assert (rows["a"]["total"], rows["c"]["total"]) == ("30.00", "0.00"), rows
-    assert rows["b"]["total"] == "grader error", rows["b"]
+    assert {n: rows[n]["total"] for n in rows} == dict(
+        a="30.00", b="grader error", c="0.00", d="grader error", e="30.00"), rows
     assert [rows["b"][f"exercise {k}"] for k in (1, 3, 5)] == ["grader error"] * 3
     assert rows["b"]["notes"].count("the zygote did not fork a child") == 3, rows["b"]["notes"]
+    assert rows["d"]["notes"].count("grader error (KeyError") == 3, rows["d"]["notes"]
     capsys.readouterr()
     course_main.main(["grade", str(tmp_path / "class" / "b.py"), "--set", "grpo", "-e", "1"])
     said = capsys.readouterr().out
     assert "total: none, a grader error (exercise 1): grade the file again" in said, said
-
-
-def test_a_grader_exception_on_one_file_is_its_grader_error_only(tmp_path, monkeypatch):
-    """A grader's own exception in the middle of a file's batch (here: handing out a sandbox)
-    left its jobs in the driver: the next classmates' batches read them and got 0 (KeyError).
-    The file gets a grader error, the others their points, and grade-all says so and fails."""
-    (tmp_path / "class").mkdir()
-    for name in "abcd":
-        (tmp_path / "class" / f"{name}.py").write_text(CORRECT)
-    handed, give_box = [], grading.Driver.give_box
-
-    def failing_once(self, worker):
-        handed.append(worker)
-        if len(handed) == 4:  # b's first job (a has three)
-            raise KeyError("a grader's own failure")
-        return give_box(self, worker)
-    monkeypatch.setattr(grading.Driver, "give_box", failing_once)
-    with pytest.raises(SystemExit, match="a grader error on 1 files"):
-        course_main.main(["grade-all", str(tmp_path / "class"), "--set", "grpo", "--seed",
-                          str(SEED), "--csv", str(tmp_path / "g.csv")])
-    rows = rows_of(tmp_path / "g.csv")
-    assert {name: rows[name]["total"] for name in "abcd"} == {
-        "a": "30.00", "b": "grader error", "c": "30.00", "d": "30.00"}, rows
-    assert "KeyError" in rows["b"]["notes"]
 
 
 SIGNALS = """
