@@ -20,9 +20,10 @@ from urllib.parse import quote
 
 from . import grading, report, written
 from .exercises import EXERCISES, SETS, names as exercise_names, points as exercise_points
-from .flags import scan
-from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, course_secret, find_student,
-                      flag_row, read, shown, test_map, zero_rows)
+from .grading import (BUNDLE_FILE, LIMITS, MAP_FILE, ROOT, Grader, course_secret, flag_row,
+                      grade_submission, read, test_map, zero_rows)
+from .submission import read_student, students_of
+from .written import shown
 
 
 def setting(set_name=None, seed=None) -> dict:
@@ -54,19 +55,14 @@ def cmd_grade(args) -> None:
     if args.only and not set(args.only) <= set(where["exercises"]):
         raise SystemExit(f"course: exercises {args.only} asked for, this set has "
                          f"{where['exercises']}")
-    form = written.form_of(path)  # read before the student's code runs
+    student = read_student(None, os.path.abspath(path), form_beside=True)  # read once, here
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
                     dict(where["limits"], **limits_of(args)), secret=where.get("secret"))
-    seed = where["seed"]
     try:
-        path, source, extras = find_student(path)
-        flags, seed = scan(source, extras), grader.seed_for(source)
-        rows = grader.grade(source, shown(os.path.basename(path)), args.only)
-    except ValueError as error:  # not a file to read: a FIFO, a link, a tree too deep, ...
-        flags, rows = [], zero_rows(args.only or where["exercises"], str(error))
+        rows, flags = grade_submission(grader, student, args.only, args.strict)
     finally:
         grader.close()
-    flag_row(rows, flags, args.strict)
+    seed = grader.seed_for(student["source"]) if "source" in student else where["seed"]
     official = bool(where["reference"])  # else a handout's grade, whose map has no values
     if official:  # an official grade says what isolated the code
         print(grader.sandbox_line())
@@ -78,7 +74,7 @@ def cmd_grade(args) -> None:
         print(line)
     print(report.format_rows(rows, args.verbose or bool(args.only)))
     table = None if official else where["mapping"].get("written", [])  # a handout's: no values
-    answers = written.grade(form, args.only or where["exercises"], table)
+    answers = written.grade(student["form"], args.only or where["exercises"], table)
     for line in written.lines(*answers, instructor=official):
         print(line)
     print(f"({time.monotonic() - started:.1f} s)")
@@ -87,21 +83,6 @@ def cmd_grade(args) -> None:
         with open(args.gradescope, "w") as f:
             json.dump(results, f, indent=1)
         print(f"wrote {args.gradescope}")
-
-
-def students_of(folder: str) -> list:
-    """[(name, path, why not)], one per student, named by the bytes of STUDENT.py or STUDENT/:
-    a name with both (bob.py and bob/) is refused whole, as is a link (to a classmate's file?)."""
-    found = {}
-    for entry in sorted(os.listdir(os.fsencode(folder))):
-        path = os.path.join(folder, os.fsdecode(entry))
-        py = entry.lower().endswith(b".py")  # carol.PY too
-        if os.path.islink(path) or os.path.isdir(path) or py:
-            found.setdefault(entry[:-3] if py else entry, []).append(path)
-    return [(name, paths[0], " and ".join(map(shown, paths)) + " both handed in: neither is "
-             "graded, say which counts" if paths[1:] else f"{shown(paths[0])} is a symbolic "
-             "link: not read" if os.path.islink(paths[0]) else None)
-            for name, paths in found.items()]
 
 
 def cell(value) -> str:
@@ -132,10 +113,12 @@ def cmd_grade_all(args) -> None:
                          "handout")
     grader = Grader(where["reference"], where["mapping"], where["exercises"], where["seed"],
                     limits_of(args), secret=where.get("secret"))
-    students = students_of(args.dir)  # names only: the judges start before any file is read
+    top = os.open(args.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # read from, held
+    students = students_of(top)  # names only: the judges start before any file is read
     grader.start(jobs=len(students) * len(where["exercises"]))  # and their sandboxes, 4 ahead
     if grader.sandbox() is None and not args.no_sandbox_ok:
         grader.close()
+        os.close(top)
         raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install bubblewrap "
                          "(and allow user namespaces), or pass --no-sandbox-ok to grade anyway "
                          "(docs/instructors.md says what is then unprotected)")
@@ -146,29 +129,23 @@ def cmd_grade_all(args) -> None:
         random.shuffle(order)
     graded, seeds, files = {}, {}, {}  # seeds: each student's; files: by inode
     try:
-        for name, path, why in order:
-            folder = os.path.isdir(path) and not os.path.islink(path)
-            form = written.form_of(path) if folder and not why else (None, written.NO_FORM)
-            answers = written.grade(form, where["exercises"])  # before the student's code runs
+        for name, entry, why in order:  # each read once, as it stands, just before its grade
+            student = dict(why=why, form=(None, written.NO_FORM)) if why else \
+                read_student(top, entry)
+            answers = written.grade(student["form"], where["exercises"])
+            if "source" in student:  # the inode read: a hard link (a tar can make one)
+                files.setdefault(student["inode"], []).append(name)
+                seeds[name] = grader.seed_for(student["source"])
             try:
-                if why:
-                    raise ValueError(why)
-                student, source, extras = find_student(path)
-                files.setdefault(os.stat(student)[1:3], []).append(name)  # (inode, device)
-            except (ValueError, OSError) as error:
-                graded[name] = (zero_rows(where["exercises"], str(error)), [], answers)
-                continue
-            try:
-                flags, seeds[name] = scan(source, extras), grader.seed_for(source)
-                rows = grader.grade(source, shown(os.path.basename(student)))
+                rows, flags = grade_submission(grader, student, strict=args.strict)
             except Exception as error:  # noqa: BLE001 -- the grader's own failure: the rest go on
                 print(written.printable(traceback.format_exc()), file=sys.stderr)
                 flags, rows = [], zero_rows(where["exercises"], f"{type(error).__name__}, the "
                                             "error above", grader=True)
-            flag_row(rows, flags, args.strict)
             graded[name] = (rows, flags, answers)
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
+        os.close(top)
     for names in (n for n in files.values() if len(n) > 1):  # hard links (a tar can make them):
         for name in names:  # which name's file it is, you say; no row loses its points for it
             rows, flags, _ = graded[name]

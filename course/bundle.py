@@ -7,10 +7,10 @@ import zipfile
 
 from .exercises import SETS
 from .grading import (BUNDLE_FILE, CACHE, HERE, NO_SANDBOX, ROOT, Grader, course_secret,
-                      find_student, map_key, read, shown, test_files, test_map, zero_rows)
+                      grade_submission, map_key, read, test_files, test_map, zero_rows)
 
 MODULES = ("__init__.py", "__main__.py", "source.py", "protocol.py", "child.py", "judge.py",
-           "grading.py", "report.py", "flags.py", "bundle.py", "written.py")
+           "grading.py", "report.py", "flags.py", "bundle.py", "written.py", "submission.py")
 REQUIREMENTS = "numpy>=1.24,<3\npytest>=8,<10\n"  # requirements.txt's ranges; torch: setup.sh
 TORCH = "torch>=2.4,<3"
 SETUP_SH = """#!/usr/bin/env bash
@@ -80,13 +80,14 @@ def cmd_autograde(root: str) -> None:
     """What run_autograder runs: grade ROOT/submission, write ROOT/results/results.json after
     every process of the submission is gone."""
     from . import report, written
-    from .flags import scan
+    from .submission import read_student
     config = json.loads(read(os.path.join(ROOT, BUNDLE_FILE)))
     exercises = list(SETS[config["set"]])
     results = os.path.join(root, "results", "results.json")
     os.makedirs(os.path.dirname(results), exist_ok=True)
     reference = read(os.path.join(ROOT, "tokencredit.py"))
-    answers = written.grade(written.form_of(os.path.join(root, "submission")), exercises)
+    student = read_student(None, os.path.abspath(os.path.join(root, "submission")))  # once, here
+    answers = written.grade(student["form"], exercises)
     grader = Grader(reference, test_map(reference), exercises, config.get("seed"),
                     config.get("limits"), secret=config.get("secret"))
     flags = []
@@ -95,12 +96,12 @@ def cmd_autograde(root: str) -> None:
         if grader.sandbox() is None and not config.get("no_sandbox_ok"):  # it could write its own
             raise ValueError(f"NO SANDBOX: {NO_SANDBOX}; this bundle grades no code without one "
                              "(one made with --no-sandbox-ok would)")
-        student, source, extras = find_student(os.path.join(root, "submission"))
+        if "why" in student:
+            raise ValueError(student["why"])
     except (ValueError, OSError) as error:
         rows, said = zero_rows(exercises, str(error)), f"No grade: {error}."
     else:
-        flags = scan(source, extras)
-        rows, said = grader.grade(source, shown(os.path.basename(student))), grader.sandbox_line()
+        (rows, flags), said = grade_submission(grader, student), grader.sandbox_line()
     finally:
         grader.close()  # its sandboxes, and all in them, go with the judges
     out = report.gradescope(rows, flags, answers)

@@ -109,9 +109,12 @@ def scan(source: str, extra_files=()) -> list:
              and node.args[0].func.id == "locals" and not node.args[0].args}
     modules = {alias.asname or alias.name.split(".")[0] for node in nodes
                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-    assigns = [node for node in nodes if isinstance(node, ast.Assign)]
-    while more := {t.id for node in assigns if root_of(node.value) in modules  # _t = torch,
-                   for t in node.targets if isinstance(t, ast.Name)} - modules:  # torch.Tensor
+    aliases, todo = {}, list(modules)  # a name: the names assigned from it (_t = torch.Tensor)
+    for node in (node for node in nodes if isinstance(node, ast.Assign)):
+        aliases.setdefault(root_of(node.value), []).extend(t.id for t in node.targets
+                                                            if isinstance(t, ast.Name))
+    while todo:  # each name's aliases read once: linear in the file (a chain of 30,000 is)
+        todo += (more := set(aliases.pop(todo.pop(), ())) - modules)
         modules |= more
     bound = modules | {node.id for node in nodes  # the names the file gives itself
                        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)} | {

@@ -13,18 +13,17 @@ import contextlib
 import fcntl
 import glob
 import hashlib
-import importlib.util
 import json
 import math
 import os
 import re
+import resource
 import secrets
 import select
 import shutil
 import signal
 import site
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -32,13 +31,13 @@ import time
 
 from .exercises import EXERCISE_OF, EXERCISES, names as exercise_names, points as exercise_points
 from .source import blank, constants, functions, kept_statements
-from .written import printable, shown, walk
+from .flags import scan
+from .written import printable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository, a handout or a bundle's source
 TESTS = "test_tokencredit.py"
-HIDDEN = os.path.join("tests", "course", "test_hidden.py")  # the students' hidden set: a handout's
-OFFICIAL = os.path.join("tests", "course", "test_official.py")  # the instructor's, in its place elsewhere
+HIDDEN = os.path.join("tests", "course", "test_hidden.py")  # the hidden set: every grade's
 MAP_FILE = "course_map.json"  # a handout's: its set, exercises and their tests
 SNAPSHOTS = "course_snapshots.json"  # a handout's: the plain loops' recorded outputs
 BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret (or seed), limits
@@ -504,12 +503,10 @@ class Driver:
 # -----------------------------------------------------------------------------
 # the test map: which tests fail when one function is blank; computed once, kept in the cache
 
-def test_files(root=ROOT, official=True) -> dict:
-    """{name in the judge's folder: path}: the tests; the official hidden set where root holds it
-    (the repository, a bundle) and official is true, else the students' (a handout's, whose map
-    the repository computes with official=False); in a handout, the loops' outputs."""
-    hidden = OFFICIAL if official and os.path.exists(os.path.join(root, OFFICIAL)) else HIDDEN
-    return {os.path.basename(name): os.path.join(root, name) for name in (TESTS, hidden, SNAPSHOTS)
+def test_files(root=ROOT) -> dict:
+    """{name in the judge's folder: path}: the tests, the hidden set, and in a handout the loops'
+    outputs."""
+    return {os.path.basename(name): os.path.join(root, name) for name in (TESTS, HIDDEN, SNAPSHOTS)
             if name == TESTS or os.path.exists(os.path.join(root, name))}
 
 
@@ -745,18 +742,16 @@ class Grader:
             return self.seed
         return int(sha(self.secret, source)[:15], 16) % 10 ** 9
 
-    def grade(self, source: str, label="tokencredit.py", only=None) -> list:
+    def grade(self, source: str, label="tokencredit.py", only=None, exam=None) -> list:
         """One row per exercise (of `only`, else of the set), each graded in the submission's own
-        sandboxes."""
+        sandboxes; exam: examine()'s answer for source, when the caller has it."""
         exercises = [k for k in self.exercises if not only or k in only]
         if not exercises:  # nothing to run: no judge starts
             return []
-        try:
-            compile(source, label, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as error:
-            return [score(self.plan[k], k, dict(results={}, error=f"{type(error).__name__}: "
-                                                 f"{error}"), self.mapping["kinds"], self.limits)
-                    for k in exercises]
+        exam = exam or examine(source, label, self.reference)
+        if exam["error"]:
+            return [score(self.plan[k], k, dict(results={}, error=exam["error"]),
+                          self.mapping["kinds"], self.limits) for k in exercises]
         seed = self.seed_for(source)
         # the module is tokencredit.py on every route, whatever the file's name
         jobs = [dict(student=source, label="tokencredit.py", names=list(exercise_names(k)),
@@ -770,15 +765,15 @@ class Grader:
         except BaseException:  # the grader's own failure: the next file gets fresh judges
             self.close()
             raise
-        rows, copied = [], copies(source, self.reference) if self.reference else set()
+        rows, unwritten = [], lambda j: [n for n in exercise_names(j) if n in exam["blank"]]
         for k, result in zip(exercises, ran):
-            result["blank"] = not_written(source, exercise_names(k))
+            result["blank"] = unwritten(k)
             rows.append(score(self.plan[k], k, result, self.mapping["kinds"], self.limits))
-            if set(exercise_names(k)) <= copied:  # the public repository holds it: a word for you
+            if set(exercise_names(k)) <= set(exam["copied"]):  # the public repository holds it
                 rows[-1]["notes"].append(SAME_NOTE)
         if self.in_order:
             cross_notes(rows, self.mapping, [j for j in self.exercises if j not in exercises
-                                             and not_written(source, exercise_names(j))])
+                                             and unwritten(j)])
         return rows
 
     def sandbox(self):
@@ -806,56 +801,60 @@ def zero_rows(exercises, why: str, grader=False) -> list:
                                                     why}, {}, LIMITS) for k in exercises]
 
 
-SOURCE_LIMIT = 2 ** 20  # bytes of a submission's tokencredit.py read at most
-NESTING_LIMIT = 100  # levels of its syntax tree (the reference has 15): the grader's walks recurse
+WORK = dict(cpu_s=5, memory_mb=1024, wall_s=60)  # the driver's own work on one file, at most
 
 
-def read_submission(path: str) -> str:
-    """A student's file as text, read only as docs/instructors.md says (a regular file,
-    SOURCE_LIMIT bytes, decoded as Python decodes a module, NESTING_LIMIT levels); else
-    ValueError says why."""
+def worked(source: str, label: str, reference, extras) -> dict:
+    """examine's answer, worked out in this process (its child, limited)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise ValueError(f"{shown(path)} is not read: "
-                         + ("a symbolic link" if os.path.islink(path) else error.strerror))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{shown(path)} is not a regular file (a FIFO, a device, a "
-                             "folder): not read")
-        data = f.read(SOURCE_LIMIT + 1)
-    try:
-        if len(data) > SOURCE_LIMIT:
-            raise ValueError(f"over {SOURCE_LIMIT} bytes")
-        text = importlib.util.decode_source(data)
-    except (ValueError, SyntaxError, LookupError) as error:  # a bad coding line, say
-        raise ValueError(f"{shown(path)} is not read: {error}") from None
-    try:
-        todo, deepest = [(ast.parse(text), 1)], 1
-    except SyntaxError:
-        return text  # graded: every exercise says the error
-    except (RecursionError, MemoryError):
-        todo, deepest = [], NESTING_LIMIT + 1
-    while todo and deepest <= NESTING_LIMIT:
-        node, depth = todo.pop()
-        deepest = max(deepest, depth)
-        todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
-    if deepest > NESTING_LIMIT:
-        raise ValueError(f"{shown(path)} is not graded: its code nests over {NESTING_LIMIT} "
-                         "levels deep")
-    return text
+        try:
+            compile(source, label, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as error:  # graded: every exercise says the error
+            return dict(error=f"{type(error).__name__}: {error}", flags=scan(source, extras),
+                        blank=[], copied=[])
+        return dict(error=None, flags=scan(source, extras), blank=not_written(source, EXERCISE_OF),
+                    copied=sorted(copies(source, reference)) if reference else [])
+    except (RecursionError, MemoryError):  # the parser's, the compiler's or the scan's
+        return dict(refused="its code nests too deep for the grader to read")
 
 
-def find_student(path: str) -> tuple:
-    """(the submission's tokencredit.py, its text, the other files beside it): a file, or a
-    folder holding one (the shallowest). Nothing in the folder chooses how it is graded."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        return path, read_submission(path), []
-    entries = walk(path)
-    found = [e.path for e in entries if e.name == "tokencredit.py"]
-    if not found:
-        raise ValueError(f"{shown(path)} holds no tokencredit.py")
-    chosen = min(found, key=lambda p: (p.count(os.sep), p))
-    others = [shown(os.path.relpath(e.path, path)) for e in entries
-              if e.path != chosen and not e.is_dir(follow_symlinks=False)]
-    return chosen, read_submission(chosen), others
+EXAMINE = ("import json, sys; sys.path[:0] = sys.argv[1:]; from course.grading import worked; "
+           "print(json.dumps(worked(**json.load(sys.stdin))))")
+
+
+def examine(source: str, label="tokencredit.py", reference=None, extras=()) -> dict:
+    """The driver's own work on a submission's text before any sandbox (parse, compile, the flag
+    scan, which functions are written, which are the reference's), in a process of its own under
+    WORK (CPU time, memory, wall time): {"error": its SyntaxError or None, "flags", "blank",
+    "copied"}. ValueError says which limit it passed, or that its code nests too deep."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_CPU, (WORK["cpu_s"],) * 2)
+        resource.setrlimit(resource.RLIMIT_AS, (WORK["memory_mb"] << 20,) * 2)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", EXAMINE, ROOT], preexec_fn=limited,
+                              input=json.dumps(dict(source=source, label=label, extras=list(
+                                  extras), reference=reference)), capture_output=True, text=True,
+                              timeout=WORK["wall_s"])
+        answer = json.loads(done.stdout)
+    except (subprocess.TimeoutExpired, ValueError):  # killed, or said nothing
+        answer = dict(refused="the grader's own work on it (parse, compile, flag scan) passed "
+                      f"its limits ({WORK['cpu_s']} s of CPU, {WORK['memory_mb']} MB, "
+                      f"{WORK['wall_s']} s)")
+    if "refused" in answer:
+        raise ValueError(f"{label} is not graded: {answer['refused']}")
+    return answer
+
+
+def grade_submission(grader, submission: dict, only=None, strict=False) -> tuple:
+    """(rows, flags) of a submission as course/submission.py read it, the same on every route:
+    examined, then graded; 0, and why, where it was not read or examine refused it."""
+    try:
+        if "why" in submission:
+            raise ValueError(submission["why"])
+        exam = examine(submission["source"], submission["label"], grader.reference,
+                       submission["extras"])
+    except ValueError as error:
+        return zero_rows(only or grader.exercises, str(error)), []
+    rows = grader.grade(submission["source"], submission["label"], only, exam)
+    flag_row(rows, exam["flags"], strict)
+    return rows, exam["flags"]

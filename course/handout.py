@@ -11,8 +11,8 @@ import shutil
 from . import written
 from .bundle import MODULES, strip_selfcheck
 from .exercises import SETS, names as exercise_names
-from .grading import (HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_files,
-                      test_map, write_to)
+from .grading import (HERE, HIDDEN, MAP_FILE, ROOT, SNAPSHOTS, TESTS, read, scheme, test_map,
+                      write_to)
 from .source import blank, code_part, functions, kept_statements, snapshot_tests, span
 
 # what a handout holds: not the other solutions, nor the pages that quote the code; the
@@ -21,10 +21,10 @@ HANDOUT = ("tokencredit.py", TESTS, HIDDEN, "tests/conftest.py", "train_tiny.py"
            "lab", "requirements.txt", ".ci/constraints.txt", "LICENSE", "docs/course.md",
            "docs/lab.md", "docs/credit.png", "docs/cscr-sweep.png", "results",
            *(f"course/{name}" for name in MODULES + ("handout.py",) if name != "written.py"))
-LEFT_OUT = ("onestep.md", "tests/docs/test_translation.py", "tokencredit_trl", "test_trl_tokencredit.py",
-            "tokencredit_verl", "test_verl_plugin.py", "verl.md", "bench", "test_course.py",
+LEFT_OUT = ("onestep.md", "test_translation.py", "tokencredit_trl", "test_trl_tokencredit.py",
+            "tokencredit_verl", "test_verl_plugin.py", "verl.md", "bench", "test_bundle.py",
             "test_docs.py", "test_train_tiny.py", "speed.md", "translation.md", "trl.md",
-            "paired-token.png", "README.md", "test_official.py")
+            "paired-token.png", "README.md")
 LAB_ANSWERS = (  # docs/lab.md's sections that answer a lab question: in the answers file only
     ("## Sample against token, seed by seed", 6),
     ("## Where does CSCR move credit?", 3),
@@ -95,10 +95,9 @@ def all_answers() -> list:
 
 
 def write_handout(out: str, set_name: str, answers: bool, reference: str) -> dict:
-    """The handout of set_name in out; returns the map it carries: the students' tests'
-    (tests/course/test_hidden.py, not the official set), so its snapshots are the loops' outputs on the
-    inputs their copy draws."""
-    exercises, mapping = SETS[set_name], test_map(reference, test_files(official=False))
+    """The handout of set_name in out; returns the map it carries: the official grade's, whose
+    snapshots are the loops' outputs on the inputs the hidden set draws at seed 0."""
+    exercises, mapping = SETS[set_name], test_map(reference)
     for name in HANDOUT:
         src, target = os.path.join(ROOT, name), os.path.join(out, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)

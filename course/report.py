@@ -8,11 +8,11 @@ from .grading import blocker
 SHOWN = 12  # failing tests, and waiting tests, listed per exercise
 
 
-def notes(row: dict) -> list:
+def notes(row: dict, error=True) -> list:
     out = []
     if row["blank"]:
         out.append("not written yet: " + ", ".join(row["blank"]))
-    if row.get("error"):
+    if error and row.get("error"):  # it may hold a student's text
         out.append(row["error"].splitlines()[0][:200])
     if row["waiting"]:
         n = len(row["waiting"])
@@ -35,7 +35,8 @@ def details(row: dict, shown=SHOWN) -> list:
               if not (row["blank"] and blocker(f) == row["k"])]
     for test, failure in listed[:shown]:
         lines.append(f"    FAILED {test}")
-        lines += [f"        {ln[:400]}" for ln in failure.splitlines()[:14]]
+        lines += [q for ln in failure.splitlines()[:14]
+                  for q in written.quoted(ln[:400], " " * 8)]
         if test in row.get("may_come_from", {}):
             js = ", ".join(map(str, row["may_come_from"][test]))
             lines.append(f"        may come from exercise {js}; the official grade grades "
@@ -52,10 +53,12 @@ def details(row: dict, shown=SHOWN) -> list:
 def format_rows(rows: list, verbose: bool) -> str:
     lines = []
     for row in rows:
-        said = notes(row)
+        said = notes(row, error=False)  # the grader's; the error on lines of its own
         lines.append(f"exercise {row['k']}  {EXERCISES[row['k']][0]:<20} "
                      f"{row['passed']:3d}/{row['total']:<3d} tests {row['points']:5.1f}/"
                      f"{row['max']:g} points" + ("  " + "; ".join(said) if said else ""))
+        lines += written.quoted(row["error"].splitlines()[0][:200], "    ") if row.get(
+            "error") else []
         if verbose:
             lines += details(row)
     errors = ", ".join(str(r["k"]) for r in rows if r["grader"])
@@ -70,8 +73,8 @@ def total(rows: list):
 
 
 def flag_lines(flags: list) -> list:
-    return [f"FLAGGED for the instructor: {written.printable(flag, one_line=True)}"
-            for flag in flags]
+    return ["FLAGGED for the instructor:"] * bool(flags) + [
+        line for flag in flags for line in written.quoted(flag, "    ")]
 
 
 def gradescope(rows: list, flags=(), answers=None):

@@ -1,4 +1,4 @@
-"""selfcheck: the grader's checks on itself, for an instructor (tests/course/test_course.py runs its
+"""selfcheck: the grader's checks on itself, an instructor's (tests/course/test_handout.py runs its
 handout part on one set). The reference passes every test through the grader; a blank file fails
 every graded test with NotImplementedError; an endless loop costs its own exercise, named as a
 time limit; each set's handout holds no solution, loop or answer, and, its exercises written in

@@ -5,7 +5,6 @@ table: a handout carries this file without it; a Gradescope bundle, whole, reada
 
 import os
 import re
-import stat
 import textwrap
 import unicodedata
 
@@ -13,7 +12,6 @@ from .exercises import EXERCISES
 
 FORM = "written.txt"
 NO_FORM = f"no {FORM} handed in"
-MAX_BYTES = 1 << 16
 VISIBILITY = "after_due_date"  # Gradescope shows the written points after the due date
 
 QUESTIONS = (  # id, exercise, points, expected (a number; a text: the rubric), abs, rel, question
@@ -160,38 +158,6 @@ def blank_form(set_name: str, exercises) -> str:
     return "".join(out)
 
 
-def read_form(path: str) -> tuple:
-    """(the form's text, None), or (None, why not). Never follows a link; reads 64 KB at most."""
-    try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode):
-            return None, f"{FORM} is not a plain file: 0 written points"
-        if info.st_size > MAX_BYTES:
-            return None, f"{FORM} holds {info.st_size} bytes, over {MAX_BYTES}: not read"
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES)
-        # as Notepad saves it: UTF-8, with a BOM or not, or UTF-16 ("Unicode"), whose BOM it has
-        utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))
-        return data.decode("utf-16" if utf16 else "utf-8-sig", errors="replace"), None
-    except FileNotFoundError:
-        return None, NO_FORM
-    except OSError as error:
-        return None, f"{FORM} could not be read ({error.strerror})"
-
-
-def form_of(path: str) -> tuple:
-    """The form handed in with a submission, the one docs/course.md's "The written form" names."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        if os.path.basename(path) != "tokencredit.py":
-            return None, NO_FORM
-        return read_form(os.path.join(os.path.dirname(os.path.abspath(path)), FORM))
-    try:
-        found = [e.path for e in walk(path) if e.name == FORM]  # shallowest first
-    except (ValueError, OSError) as error:  # OSError: an entry it may not stat
-        return None, str(error)
-    return read_form(found[0]) if found else (None, NO_FORM)
-
-
 def parse(text: str, ids) -> tuple:
     """({id: [(line, answer), ...]}, [what could not be read]). Plain string work, nothing run."""
     answers, problems = {}, []
@@ -272,16 +238,16 @@ def notes(rows: list, problems: list, instructor: bool) -> list:
 def lines(rows: list, problems: list, instructor: bool) -> list:
     """What `grade` prints. The instructor's: the points, each number not right with what was
     expected, the answers to grade by hand. A handout's (no values): what could not be read."""
+    said = [q for n in notes(rows, problems, instructor) for q in quoted(n, "    ")]
     if not instructor:
         return [f"written ({FORM}): {sum(r['read'] for r in rows)} of {len(rows)} answers read; "
-                "your instructor grades them"] + [f"    {n}" for n in notes(rows, problems, False)]
+                "your instructor grades them"] + said
     auto, hand = [r for r in rows if r["number"]], [r for r in rows if not r["number"]]
     return ([f"written ({FORM}): {sum(r['points'] for r in auto):g}/"
              f"{sum(r['max'] for r in auto):g} points for numbers; {len(hand)} answers to grade "
-             f"by hand ({sum(r['max'] for r in hand):g} points)"]
-            + [f"    {n}" for n in notes(rows, problems, True)]
-            + [f"    {r['id']}, by hand ({r['max']:g} points): {r['answer'][:70]!r}"
-               for r in hand if r["read"]])
+             f"by hand ({sum(r['max'] for r in hand):g} points)"] + said
+            + [q for r in hand if r["read"] for q in quoted(
+                f"{r['id']}, by hand ({r['max']:g} points): {r['answer'][:70]!r}", "    ")])
 
 
 def gradescope_tests(rows: list, problems: list) -> list:
@@ -334,9 +300,6 @@ def answers_block() -> str:
     return "\n".join(out) + "\n"
 
 
-WALK_LIMIT = (8, 2000)  # a submission's folder: levels and entries looked at, at most
-
-
 def shown(name) -> str:
     """A file name (str or bytes) as text that prints anywhere and names one file only (NFC: no
     two names look alike): as is, else escaped as Python would (bytes not UTF-8 as \\udcXX)."""
@@ -355,20 +318,17 @@ def printable(text: str, one_line=False) -> str:
     return out.replace("\n", "\\n") if one_line else out
 
 
-def walk(folder: str) -> list:
-    """Every entry below folder (os.DirEntry), shallowest first, no link followed; ValueError
-    past WALK_LIMIT (a tree 1,000 levels deep is refused, not recursed into) or for a folder it
-    may not read (a tar keeps modes)."""
-    (levels, most), out, todo = WALK_LIMIT, [], [(folder, 1)]
-    for here, depth in todo:  # breadth first: todo grows as it is read
-        try:
-            with os.scandir(here) as entries:
-                found = sorted(entries, key=lambda e: e.name)
-        except OSError as error:
-            raise ValueError(f"{shown(here)} is not read: {error.strerror}") from None
-        out += found
-        todo += [(e.path, depth + 1) for e in found if e.is_dir(follow_symlinks=False)]
-        if len(out) > most or todo[-1][1] > levels:
-            raise ValueError(f"{shown(folder)} is more than {levels} folders deep or holds more "
-                             f"than {most} entries: not read")
-    return out
+REPORT_WIDTH = 78  # columns at most of a report line that holds a student's text: none wraps
+
+
+def quoted(text: str, indent: str) -> list:
+    """Text that holds a student's, as report lines of its own: each `indent> ` and at most
+    REPORT_WIDTH columns (a wide character counts 2), each character that does not print escaped
+    and runs of spaces folded, so that no part of it starts a row (docs/instructors.md)."""
+    lines, line, room = [], "", REPORT_WIDTH - len(indent) - 2
+    for c in re.sub(" {2,}", " ", printable(text, one_line=True)):
+        if sum(1 + (unicodedata.east_asian_width(x) in "WFA") for x in line + c) > room:
+            cut = line.rfind(" ") + 1 or len(line)  # after its last space, else here
+            lines, line = lines + [line[:cut]], line[cut:]
+        line += c
+    return [f"{indent}> {piece}" for piece in lines + [line]]

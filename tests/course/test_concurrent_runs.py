@@ -1,95 +1,28 @@
 """Runs that cannot meet (issue 53): a grade beside another grading run, one that grades five
 attacks on the machine itself, on cores that other processes keep busy, gets the points it gets
 alone on an idle machine, on every route. The sandbox's root is read-only and /tmp its one
-disk, as root and as an ordinary user. The attacks are written from the issue's descriptions.
-
-Needs bubblewrap (bwrap) that can run here; the run as `tester` needs root.
+disk (as an ordinary user too: test_sandbox.py's test_as_an_ordinary_user_too). The attacks
+(classes.BESIDE_ATTACKS) are written from the issue's descriptions.
 """
 
 import json
 import os
-import pwd
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
+from classes import BESIDE_ATTACKS as ATTACKS
 from course import grading, source
-from test_sandbox import (BASE, CORRECT, PLANT, PY, REFERENCE, ROOT, SEED, as_tester, rows_of,
-                          run)
+from submissions import BASE, CORRECT, PLANT, PY, REFERENCE, ROOT, SEED, needs_bwrap, rows_of, run
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(grading.find_sandbox() is None, reason="bwrap cannot run here")]
+pytestmark = [pytest.mark.slow, needs_bwrap]
 
 PLANTED = source.apply_edits(REFERENCE, PLANT[2])  # costs exercise 1 alone: 23 of 30
-WRITE = '''
-_n = 0
-for _m in {where}:
-    for _i in range(5):  # 75 MB a folder, in files under the file size limit
-        try:
-            with open(_m.rstrip("/") + f"/x{{_i}}", "wb") as _f:
-                _f.write(b"0" * (15 << 20))
-            _n += 15 << 20
-        except OSError:
-            break
-raise ValueError(f"wrote {{_n}} bytes")
-'''
-ATTACKS = {  # name: what is added to BASE
-    # 60 spinning processes per exercise, each a session of its own (an autogroup each)
-    "a-spin": '''
-import os as _os
-for _i in range(59):
-    try:
-        if _os.fork() == 0:
-            _os.setsid()
-            while True:
-                pass
-    except OSError:
-        break
-''',
-    # 300 MB written to the sandbox's root (bwrap's own tmpfs, before)
-    "a-root": WRITE.format(where='["/"] * 4'),
-    # socket and pipe buffers up to the memory limit, kept by a process that stays
-    "a-buffers": '''
-import os as _os, socket as _so, fcntl as _fc, time as _t
-_keep = []
-try:
-    for _i in range(100000):
-        if _i % 2:
-            _r, _w = _os.pipe()
-            _fc.fcntl(_w, 1031, 1 << 20)  # F_SETPIPE_SZ: 1 MB
-        else:
-            _r, _w = (_s.detach() for _s in _so.socketpair())
-        _keep += [_r, _w]
-        _os.set_blocking(_w, False)
-        try:
-            while True:
-                _os.write(_w, b"x" * 65536)
-        except BlockingIOError:  # full
-            pass
-except OSError:  # out of descriptors, or of memory
-    pass
-if _os.fork() == 0:
-    _t.sleep(600)
-''',
-    # writes to every mount it sees, past the disk limit
-    "a-mounts": WRITE.format(where='[_l.split()[1] for _l in open("/proc/self/mounts")]'),
-    # SIGSTOP to every process it may signal, itself last
-    "a-sigstop": '''
-import os as _os, signal as _sig
-try:
-    _os.kill(-1, _sig.SIGSTOP)
-except OSError:
-    pass
-_os.kill(_os.getpid(), _sig.SIGSTOP)
-''',
-}
 REGRADES = 10  # the same file graded this many times by each route while another grade runs
 
 
@@ -191,37 +124,3 @@ def test_the_sandbox_s_root_is_read_only_and_tmp_its_one_disk(beside):
     assert wrote(beside["B"]["a-root"]["notes"]) == [0] * 3, beside["B"]["a-root"]["notes"]
     most = wrote(beside["B"]["a-mounts"]["notes"])
     assert len(most) == 3 and 0 < max(most) <= grading.LIMITS["disk_mb"] << 20, most
-
-
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
-                    or not shutil.which("setpriv"), reason="needs root to become tester")
-def test_as_an_ordinary_user_the_root_is_read_only_and_tmp_its_one_disk():
-    """As `tester` (no uid of its own, no cgroup): the same, and a correct classmate keeps 30."""
-    try:
-        tester = pwd.getpwnam("tester")
-    except KeyError:
-        pytest.skip("no user tester")
-    tmp = Path(tempfile.mkdtemp(prefix="course-tester-"))  # pytest's is root's
-    try:
-        kit = tmp / "kit"  # the course kit where tester can read it, with its cached map
-        (kit / "tests" / "course").mkdir(parents=True)
-        for name in ("course", ".course-cache"):
-            shutil.copytree(os.path.join(ROOT, name), kit / name)
-        for name in (grading.OFFICIAL, "tokencredit.py", "test_tokencredit.py"):
-            shutil.copy(os.path.join(ROOT, name), kit / name)
-        (tmp / "class").mkdir()
-        for name in ("a-root", "a-mounts"):
-            (tmp / "class" / f"{name}.py").write_text(BASE + ATTACKS[name])
-        (tmp / "class" / "zz-correct.py").write_text(CORRECT)
-        for path in [tmp, *tmp.rglob("*")]:
-            os.lchown(path, tester.pw_uid, tester.pw_gid)
-        done = as_tester([PY, "-m", "course", "grade-all", str(tmp / "class"), "--set", "grpo",
-                          "--seed", str(SEED), "--csv", str(tmp / "g.csv")], kit)
-        assert done.returncode == 0 and b"its own uid" not in done.stdout, done
-        rows = rows_of(tmp / "g.csv")
-        assert rows["zz-correct"]["total"] == "30.00", rows
-        assert wrote(rows["a-root"]["notes"]) == [0] * 3, rows["a-root"]["notes"]
-        most = wrote(rows["a-mounts"]["notes"])
-        assert len(most) == 3 and 0 < max(most) <= grading.LIMITS["disk_mb"] << 20, most
-    finally:
-        shutil.rmtree(tmp)

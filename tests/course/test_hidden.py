@@ -1,15 +1,22 @@
-"""A hidden set: every exercise's functions on random inputs drawn from a seed the instructor picks.
+"""The hidden set: every exercise's functions on random inputs drawn from a seed. One file for
+every grade: the instructor's (`grade PATH` in the repository, `grade-all`, the Gradescope
+bundle: each file's own seed) and a handout's, which carries it and runs it on seed 0. The
+repository is public, so what is hidden is the seed: shapes, lengths, empty responses, values,
+ties, eps, strengths, modes ("group_token" included) all come from it.
 
-The repository is public, so what is hidden is the inputs: shapes, lengths, empty responses,
-values, ties, eps, strengths, modes ("group_token" included) all come from the seed.
+The checks are strong enough that each planted mistake (course/exercises.py's MISTAKES) fails on
+every seed: a surplus, an unequal group, padding beside real tokens, a large k3, each kind of
+garbage; and test_inputs_unchanged is the one test the judge shows a child's writes into its
+inputs. The fresh tests are named test_hidden_*: the grader calls them "fresh".
 
-    TOKENCREDIT_SEED=20270 python -m pytest -q tests/course/test_hidden.py    # an instructor's own draw
-    python -m pytest -q tests/course/test_hidden.py                            # seed 0, as CI runs it
+    TOKENCREDIT_SEED=20270 python -m pytest -q tests/course/test_hidden.py  # a seed of your own
+    python -m pytest -q tests/course/test_hidden.py                          # seed 0, as CI does
 
-Each test calls one function of one exercise on its own and compares it with the plain-loop
-references of test_tokencredit.py (the repository's copy, which holds the loops: keep it beside
-this file) and with the invariants its docstring promises. Padding holds NaN or inf wherever the
-function promises that padding is ignored.
+The seed is read at each test (`draw`), not at import: the grader's judge collects this file once
+and gives each submission's fork its own seed. Each test calls one function of one exercise on its
+own and compares it with the plain-loop references of test_tokencredit.py (in a handout, their
+outputs recorded at seed 0) and with the invariants its docstring promises. Padding holds NaN or
+inf wherever the function promises that padding is ignored.
 """
 
 import itertools
@@ -26,13 +33,14 @@ from test_tokencredit import (NAN, INF, ref_aggregate, ref_clipped_surrogate,
                               ref_kl_k3, ref_loss, ref_loss_denominators, ref_overlong_penalty,
                               ref_policy_gradient_surrogate, ref_sequence_ratio)
 
-SEED = int(os.environ.get("TOKENCREDIT_SEED", "0"))
 F64 = torch.float64
 
 
 def draw(test_number):
-    """The generator of one test: its inputs depend on the seed and on nothing else."""
-    return torch.Generator().manual_seed(SEED * 1009 + test_number)
+    """The generator of one test: its inputs depend on the seed (read at each test, so that the
+    grader can give each submission its own) and on nothing else."""
+    seed = int(os.environ.get("TOKENCREDIT_SEED", "0"))
+    return torch.Generator().manual_seed(seed * 1009 + test_number)
 
 
 def integer(g, low, high):
@@ -41,12 +49,16 @@ def integer(g, low, high):
 
 
 def batch_mask(g, N, T):
-    """Right-padded mask (N, T), lengths in [0, T], with at least one empty response when N > 2."""
+    """Right-padded mask (N, T), lengths in [0, T]: at least one full response, an empty one when
+    N > 2 and one cut short (0 < length < T) when N > 1 and T > 1, on every seed."""
     lengths = torch.randint(0, T + 1, (N,), generator=g)
-    i = integer(g, 0, N - 1)
-    lengths[i] = T  # at least one full response
+    full = integer(g, 0, N - 1)
+    others = [(full + k) % N for k in range(1, N)]
+    lengths[full] = T
     if N > 2:
-        lengths[(i + integer(g, 1, N - 1)) % N] = 0  # and an empty one
+        lengths[others[0]] = 0
+    if others and T > 1:
+        lengths[others[-1]] = integer(g, 1, T - 1)
     return torch.arange(T)[None, :] < lengths[:, None]
 
 
@@ -60,6 +72,45 @@ def with_garbage(x, mask, g):
 def shapes(g):
     B, G, T = integer(g, 1, 4), integer(g, 2, 5), integer(g, 1, 9)
     return B, G, B * G, T
+
+
+# -----------------------------------------------------------------------------
+# every exercise: a function leaves the tensors it is given as they were (the reference does);
+# the grader hands this test, and no other, what a student's function writes into its inputs
+
+def inputs(g):
+    """One call of each public function on drawn inputs: {name: (args, kwargs)}."""
+    _, G, N, T = shapes(g)
+    mask = batch_mask(g, N, T)
+    x = [-2 * torch.rand(N, T, generator=g, dtype=F64) for _ in range(4)]
+    adv, rewards = torch.randn(N, generator=g, dtype=F64), torch.rand(N // G, G, generator=g)
+    return dict(
+        overlong_penalty=((torch.randint(0, 12, (N,), generator=g), 10, 4), {}),
+        group_advantages=((rewards,), dict(baseline="leave_one_out")),
+        informative_groups=((rewards.round(),), {}),
+        fill_batch=((lambda: {"v": rewards.round()}, 2, 2, "v"), {}),
+        policy_gradient_surrogate=((x[0], adv), {}),
+        importance_ratio=((x[0], x[1], mask, "token"), {}),
+        clipped_surrogate=((x[0].exp(), adv), {}),
+        kl_k3=((x[0], x[2]), {}),
+        token_weights=((mask.double(), "group_token"), dict(group_size=G)),
+        aggregate=((x[3], mask, "sample"), {}),
+        policy_loss=((x[0], x[1], adv, mask), dict(ref_logp=x[2], beta=0.1, mode="token")),
+        sequence_ratio=((x[0], x[1], mask), {}),
+        counterfactual_shifts=((x[0], x[1], x[2], mask), {}),
+        counterfactual_sensitivity=((x[1] - x[0], x[2] - x[0]), {}),
+        cscr_weights=((x[3].abs(), mask, 1.5), {}),
+        high_entropy_mask=((-x[3], mask, 0.5), {}))
+
+
+@pytest.mark.parametrize("name", list(inputs(draw(0))))
+def test_inputs_unchanged(name):
+    args, kwargs = inputs(draw(40))[name]
+    given = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor)]
+    before = [x.clone() for x in given]
+    getattr(tc, name)(*args, **kwargs)
+    for x, was in zip(given, before):
+        assert torch.equal(x, was), f"{name} changed a tensor it was given, in place"
 
 
 # -----------------------------------------------------------------------------
@@ -78,12 +129,15 @@ def test_hidden_overlong_penalty():
 
 def test_hidden_group_advantages():
     g = draw(2)
-    for _ in range(4):
-        B, G = integer(g, 1, 6), integer(g, 1, 8)
+    for round_ in range(4):
+        B, G = integer(g, 1 + (round_ == 0), 6), integer(g, 1 + 2 * (round_ == 0), 8)
         G = 2 if B * G == 1 else G  # "batch" needs two rewards for its std
         levels = torch.tensor([-1.0, 0.0, 0.5, 1.0, 2.0], dtype=F64)  # ties, of both signs
         rewards = levels[torch.randint(0, 5, (B, G), generator=g)]
-        rewards[integer(g, 0, B - 1)] = levels[integer(g, 0, 4)]  # an all-equal group
+        i = integer(g, 0, B - 1)
+        rewards[i] = levels[integer(g, 0, 4)]  # an all-equal group
+        if round_ == 0:  # and, on every seed, a group of G >= 3 rewards not all equal
+            rewards[(i + 1) % B, :2] = torch.tensor([-1.0, 2.0], dtype=F64)
         eps = [1e-6, 0.1, 0.5][integer(g, 0, 2)]
         for scale, baseline in itertools.product(tc.ADVANTAGE_SCALES, tc.BASELINES):
             got = tc.group_advantages(rewards, scale, eps, baseline)
@@ -101,7 +155,9 @@ def test_hidden_informative_groups():
     correct = torch.randint(0, 2, (B, G), generator=g).bool()
     floats = torch.rand(B, G, generator=g)
     floats[::2] = torch.rand(1, generator=g)  # every other group: one float G times
-    for values in (correct, floats):
+    close = torch.ones(B, G, dtype=F64)
+    close[1::2, -1] += 1e-12  # not all equal, though equal in float32
+    for values in (correct, floats, close):
         keep = tc.informative_groups(values)
         assert keep.dtype == torch.bool and torch.equal(keep, ref_informative_groups(values))
         alone = torch.cat([tc.informative_groups(row[None]) for row in values])  # b = 1 rounds
@@ -112,12 +168,14 @@ def test_hidden_fill_batch():
     g = draw(4)
     G = integer(g, 2, 5)
     rounds = []
-    for _ in range(8):
-        values = torch.randint(0, 2, (integer(g, 1, 5), G), generator=g).float()
+    for i in range(8):
+        values = torch.randint(0, 2, (integer(g, 1 + (i == 0), 5), G), generator=g).float()
         values[torch.rand(len(values), generator=g) < 0.3] = 0.1  # some groups of equal floats
         rounds.append(values)
-    for _ in range(4):
+    rounds[0][:2, 0], rounds[0][:2, 1:] = 1.0, 0.0  # two informative groups in round 1
+    for case in range(4):  # the first with a surplus on every seed: batch_size 1, 2 informative
         batch_size, max_rounds = integer(g, 1, 20), integer(g, 1, 8)
+        batch_size = 1 if case == 0 else batch_size
         results = iter(rounds)
         batch, stats = tc.fill_batch(lambda: {"v": next(results)}, batch_size, max_rounds, "v")
         kept, expected = ref_fill_batch([r.tolist() for r in rounds], batch_size, max_rounds)
@@ -171,6 +229,7 @@ def test_hidden_kl_k3():
     _, _, N, T = shapes(g)
     logp = (-3 * torch.rand(N, T, generator=g, dtype=F64)).requires_grad_()
     ref_logp = logp.detach() + 4 * torch.randn(N, T, generator=g, dtype=F64)  # log r up to ~+-10
+    ref_logp[0, 0] = logp[0, 0].detach() + 5  # and one k3 = e^5 - 6 ~ 142 on every seed
     kl = tc.kl_k3(logp, ref_logp)
     assert (kl >= 0).all() and torch.allclose(kl, ref_kl_k3(logp.detach(), ref_logp), rtol=1e-12)
     kl.sum().backward()
@@ -286,11 +345,12 @@ def test_hidden_counterfactual_sensitivity():
 def test_hidden_cscr_weights():
     g = draw(33)
     _, _, N, T = shapes(g)
+    T = max(T, 2)  # a response cut short: padding beside real tokens
     mask = batch_mask(g, N, T)
     s = 3 * torch.rand(N, T, generator=g)
-    for _ in range(3):
+    for garbage in (NAN, INF, -INF, 0.0):  # each kind, on every seed; 0: the least sensitive
         strength, threshold = (float(x) for x in torch.rand(2, generator=g) * torch.tensor([4, 1]))
-        w = tc.cscr_weights(with_garbage(s, mask, g), mask, strength, threshold)
+        w = tc.cscr_weights(torch.where(mask, s, garbage), mask, strength, threshold)
         assert w.dtype == torch.float32
         assert torch.allclose(w, ref_cscr_weights(s, mask, strength, threshold), atol=1e-5)
         assert torch.allclose(w.sum(dim=1), mask.sum(dim=1).float(), atol=1e-4)  # mean 1
@@ -302,6 +362,7 @@ def test_hidden_cscr_weights():
 def test_hidden_high_entropy_mask():
     g = draw(35)
     _, _, N, T = shapes(g)
+    T = max(T, 2)  # a response cut short: padding beside real tokens, on every seed
     mask = batch_mask(g, N, T)
     entropy = torch.rand(N, T, generator=g) * 3
     entropy[:, ::2] = (entropy[:, ::2] * 4).round() / 4  # ties
@@ -309,3 +370,12 @@ def test_hidden_high_entropy_mask():
         keep = tc.high_entropy_mask(with_garbage(entropy, mask, g), mask, top_fraction)
         assert keep.dtype == torch.float32
         assert torch.equal(keep, ref_high_entropy_mask(entropy, mask, top_fraction))
+    # distinct entropies, the quantile halfway between the real tokens of rank m and m + 1 (of
+    # n, m >= (n - 1) / 2, so q > 1/2): one padding token or more counted in the quantile as high
+    # (inf, NaN) moves it past rank m + 1, and the token of rank m + 1 is lost, on every seed
+    n = int(mask.sum())  # >= 3: a full response of T >= 2 tokens and one cut short
+    distinct = torch.randperm(N * T, generator=g).reshape(N, T).float() / (N * T)
+    top_fraction = 1 - (integer(g, n // 2, n - 2) + 0.5) / (n - 1)
+    for garbage in (NAN, INF, -INF):
+        keep = tc.high_entropy_mask(torch.where(mask, distinct, garbage), mask, top_fraction)
+        assert torch.equal(keep, ref_high_entropy_mask(distinct, mask, top_fraction)), garbage

@@ -1,8 +1,10 @@
-"""Issue 42's scoring side: expected values the student cannot touch, one file one score, correct
-code that does not lose for where it puts a line, and the flag scan's reach through attributes.
+"""Points (docs/course.md, "Points" and "One file, one score"): each function's share by its
+tests, a mistake costing its own exercise and a second one never giving points back; expected
+values the student cannot touch; correct code that does not lose for where it puts a line; and
+one score for one file on every regrade, every route and every seed.
 
-    python tests/course/test_score.py [SEEDS]    the note's table: each plant's points over SEEDS seeds
-                                          (default 20), officially and in a handout
+    python tests/course/test_score.py [SEEDS]    the note's table: each plant's points over SEEDS
+                                                 seeds (default 20), officially and in a handout
 
 One grader (module scope, each file's seed from SECRET) serves the in-process cases; the routes
 (`grade PATH`, `grade-all`, the bundle) run as the instructor runs them. REPEATS (default 2) is
@@ -11,7 +13,6 @@ how many times each route grades the same file.
 
 import ast
 import csv
-import hashlib
 import importlib
 import json
 import os
@@ -23,19 +24,36 @@ import zipfile
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # run as a script
-from course import flags, grading, source
-from course.exercises import CORRECT, EXERCISES, MISTAKES, SETS, names
+# run as a script: the project's folder, for course
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from course import flags, grading, source  # noqa: E402
+from course.exercises import CORRECT, EXERCISES, MISTAKES, SETS, ENDLESS, names  # noqa: E402
+from submissions import BASE, grade, needs_bwrap  # noqa: E402
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
+
 ROOT = grading.ROOT
+
+
 REFERENCE = grading.read(os.path.join(ROOT, "tokencredit.py"))
+
+
 PY = sys.executable
+
+
 SECRET = "test_score's course secret"
+
+
 GRPO = SETS["grpo"]
+
+
 REPEATS = int(os.environ.get("REPEATS", "2"))
+
+
 SLOW = dict(time_s=10 * grading.LIMITS["time_s"], test_s=10 * grading.LIMITS["test_s"])  # the
+
+
 # in-process grades measure the draw, not how busy the machine is
 ZERO = '''
 
@@ -79,7 +97,117 @@ def total(rows) -> float:
 
 
 # -----------------------------------------------------------------------------
+# points
+
+
+def test_points_weigh_the_mistake():
+    plan = dict(functions={"group_advantages": ["h", "l", "a", "f"], "overlong_penalty": ["o"]},
+                later={})
+    kinds = dict(h="hand", l="loop", a="other", f="fresh", o="other")
+
+    def points(failed):
+        result = dict(results={t: ("boom" if t in failed else None) for t in "hlafo"})
+        return grading.score(plan, 1, result, kinds, grading.LIMITS)["points"]
+    assert points("") == 10
+    assert points("a") == pytest.approx(3 + 7 * 3 / 4)  # an invariant: its share of the tests
+    assert points("h") == pytest.approx(3 + 7 / 4)  # the hand-worked case: a quarter at most
+    assert points("f") == 3  # fresh inputs: nothing of its share
+    limited = grading.score(plan, 1, dict(results={}, limit="memory", stopped="x"), kinds,
+                            grading.LIMITS)
+    assert limited["points"] == 0 and "memory limit" in limited["error"]
+
+
+def test_blocker_reads_the_exercise_number_from_the_failure():
+    assert grading.blocker("NotImplementedError: exercise 3: clipped_surrogate\n...") == 3
+    assert grading.blocker("AssertionError: 1 != 2") is None
+
+
+def test_a_test_charged_to_the_function_it_is_named_after_costs_no_other():
+    """fill_batch keeps its surplus: its tests all call informative_groups too, and none fails
+    alone; each is charged to fill_batch, after whom it is named, and informative_groups keeps
+    its share (it lost it all before)."""
+    both = ["test_fill_batch", "test_h_fill_batch"]
+    plan = dict(functions={"informative_groups": ["test_ig"] + both, "fill_batch": both},
+                later={})
+    kinds = dict(test_ig="loop", test_fill_batch="loop", test_h_fill_batch="fresh")
+    result = dict(results=dict(test_ig=None, test_fill_batch="boom", test_h_fill_batch="boom"))
+    row = grading.score(plan, 2, result, kinds, grading.LIMITS)
+    assert row["per_function"] == {"informative_groups": (1, 1, 3.0, 3),
+                                   "fill_batch": (0, 2, 0.0, 7)}
+
+
+# a mistake that exercise 3's own tests of _clipped_surrogate miss (the clip forgotten when the
+# ratio comes from policy_loss) and, in the second file, one more: _importance_ratio writes into
+# its input's padding, which fails test_inputs_unchanged[importance_ratio] alone
+FORGOT_CLIP = (("    unclipped = ratio * A  # (N, T)\n",
+                "    if ratio.grad_fn is not None:  # inside policy_loss: the clip forgotten\n"
+                "        return -ratio * A\n    unclipped = ratio * A  # (N, T)\n"),)
+
+
+WRITES_INPUT = (("    if level != \"token\":\n        return _sequence_ratio(",
+                 "    with torch.no_grad():  # writes into its input's padding\n"
+                 "        old_logp.masked_fill_(~mask, 0.0)\n"
+                 "    if level != \"token\":\n        return _sequence_ratio("),)
+
+
+@needs_bwrap
+def test_a_second_mistake_never_raises_the_points(tmp_path):
+    """score() charges a failing test that needs several functions to those that fail a test of
+    their own: one failing test of _importance_ratio (an input written) moved every policy_loss
+    failure off _clipped_surrogate and _policy_gradient_surrogate. The file with one mistake got
+    0 of 10, the same file with one mistake more 7 of 10."""
+    one = grade(tmp_path, source.apply_edits(REFERENCE, FORGOT_CLIP), "-e", "3", name="one.py")
+    two = grade(tmp_path, source.apply_edits(REFERENCE, FORGOT_CLIP + WRITES_INPUT), "-e", "3",
+                name="two.py")
+    points = [float(s.split("total ")[1].split("/")[0]) for s in (one, two)]
+    assert points[1] <= points[0], points
+
+
+def test_the_sheet_prints_the_points_table():
+    sheet = grading.read(os.path.join(ROOT, "docs", "course.md"))
+    for k, (title, points) in EXERCISES.items():
+        assert f"| {k} {title} | " + ", ".join(f"`{n}` {p}" for n, p in points.items()) + " |" \
+            in sheet
+
+
+def test_the_copy_note_names_the_functions_that_are_the_reference_s_alone():
+    """copies(): the exercises' functions a file holds as the reference has them, statement for
+    statement, whatever its comments and layout; a plant's and a blank's are not."""
+    every = {n for k in EXERCISES for n in names(k)}
+    flipped = source.apply_edits(REFERENCE, MISTAKES[0][2])  # exercise 1's group_advantages
+    assert grading.copies(flipped, REFERENCE) == every - {"group_advantages"}
+    assert grading.copies(source.blank(REFERENCE, [3]), REFERENCE) == every - set(names(3))
+    laid_out = REFERENCE.replace("\ndef group_advantages(", "\n# mine\n\n\ndef group_advantages(")
+    assert laid_out != REFERENCE and grading.copies(laid_out, REFERENCE) == every
+
+
+def test_the_reference_copied_is_said_and_grade_all_needs_a_set(tmp_path):
+    """A copy of the public reference gets its marks, and a line for the instructor; a class is
+    never graded on the set 'all' by default (its files hold the reference outside their set)."""
+    (tmp_path / "copy.py").write_text(REFERENCE)
+    done = subprocess.run([PY, "-m", "course", "grade", str(tmp_path / "copy.py"), "--set", "grpo"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "total 30.0/30 points" in done.stdout, done.stderr
+    assert done.stdout.count(grading.SAME_NOTE) == 3  # exercises 1, 3 and 5
+    (tmp_path / "class").mkdir()
+    done = subprocess.run([PY, "-m", "course", "grade-all", str(tmp_path / "class")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "grade-all needs --set" in done.stderr
+
+
+def test_plants_writes_one_submission_per_plant_named_by_its_exercise(tmp_path):
+    from course.__main__ import main
+    main(["plants", str(tmp_path / "class")])
+    files = sorted((tmp_path / "class").iterdir())
+    plants = MISTAKES + CORRECT + (ENDLESS,)
+    assert len(files) == len(plants)
+    for path, (k, _, edits) in zip(files, plants):
+        assert f"-ex{k}-" in path.name and path.read_text() == source.apply_edits(REFERENCE, edits)
+
+
+# -----------------------------------------------------------------------------
 # expected values the student cannot touch
+
 
 def test_a_blank_that_zeroes_its_inputs_in_place_gets_0(grader):
     """Before: its writes were copied into the judge's tensors, whose loops then met zeros."""
@@ -90,8 +218,7 @@ def test_a_blank_that_zeroes_its_inputs_in_place_gets_0(grader):
 def test_the_same_with_the_public_snapshots_gets_0(grader, tmp_path):
     """The public tests' inputs answered from a table of their outputs, any other input zeroed
     in place and answered on zeros: the fresh inputs fail, and with them each function."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    from test_course import replay_attack
+    from classes import replay_attack
     text = replay_attack(tmp_path)
     said = 'raise NotImplementedError("no stored output for these inputs")'
     assert text.count(said) == 1
@@ -116,22 +243,9 @@ def group_advantages(rewards, *args, **kwargs):
     assert 9 < row["points"] < 10  # a share of one "other" test of group_advantages' 7 points
 
 
-def test_a_test_charged_to_the_function_it_is_named_after_costs_no_other():
-    """fill_batch keeps its surplus: its tests all call informative_groups too, and none fails
-    alone; each is charged to fill_batch, after whom it is named, and informative_groups keeps
-    its share (it lost it all before)."""
-    both = ["test_fill_batch", "test_h_fill_batch"]
-    plan = dict(functions={"informative_groups": ["test_ig"] + both, "fill_batch": both},
-                later={})
-    kinds = dict(test_ig="loop", test_fill_batch="loop", test_h_fill_batch="fresh")
-    result = dict(results=dict(test_ig=None, test_fill_batch="boom", test_h_fill_batch="boom"))
-    row = grading.score(plan, 2, result, kinds, grading.LIMITS)
-    assert row["per_function"] == {"informative_groups": (1, 1, 3.0, 3),
-                                   "fill_batch": (0, 2, 0.0, 7)}
-
-
 # -----------------------------------------------------------------------------
 # correct code that loses: the door
+
 
 def test_the_door_checks_the_parameters_wherever_it_stands():
     import tokencredit as tc
@@ -157,35 +271,8 @@ def test_a_correct_file_with_a_harmless_first_line_gets_full_marks(grader):
 
 
 # -----------------------------------------------------------------------------
-# the flag scan: modules reached through any object
-
-HOSTILE = {
-    'getattr(torch, "os").system("true")': "reaches os",
-    'getattr(torch, "sys").modules': "reaches sys",
-    'getattr(torch, "ctypes")': "reaches ctypes",
-    'getattr(torch.nn, "threading")': "reaches threading",
-    'getattr(torch, "o" + "s")': "reaches os",
-    'getattr(torch, "".join(["o", "s"]))': "computed at run time",
-    '__import__("operator").attrgetter("os.system")(torch)': "reaches os.system",
-    'torch.__dict__["os"]': "__dict__",
-    'vars(torch)["sys"]': "uses vars",
-    'torch.functional.__dict__.get("ctypes")': "__dict__",
-    'torch.utils.importlib': "reaches importlib",
-    'hasattr(torch, "threading")': "reaches threading",
-}
-
-
-def test_the_flag_scan_catches_modules_reached_through_attributes():
-    for line, said in HOSTILE.items():
-        found = flags.scan(f"import torch\n\n\ndef f(x):\n    return {line}\n")
-        assert any(said in f for f in found), (line, found)
-    for text in [REFERENCE, source.blank(REFERENCE, EXERCISES)] + [
-            source.apply_edits(REFERENCE, edits) for _, _, edits in MISTAKES + CORRECT]:
-        assert flags.scan(text) == []
-
-
-# -----------------------------------------------------------------------------
 # one file, one score: every route, every regrade; every plant, every seed
+
 
 def test_a_mistake_found_on_some_draws_only_still_gets_one_score_on_every_route(grader, tmp_path):
     """overlong_penalty wrong past max_len 35: a fresh draw finds it on about half the seeds.
@@ -238,11 +325,29 @@ def test_a_mistake_found_on_some_draws_only_still_gets_one_score_on_every_route(
     assert points == [mine] * len(points), points
 
 
+DRAW = '''
+import random as _random, numpy as _np
+def overlong_penalty(*args, **kwargs):
+    raise ValueError(f"drew {_random.random()} {hash('tokencredit')} {torch.rand(1).item()} "
+                     f"{_np.random.rand()}")
+'''
+
+
+@needs_bwrap
+def test_a_file_that_draws_draws_the_same_on_every_grade(tmp_path):
+    """A child's random, numpy's and torch's generators and str's hash were seeded afresh by each
+    process: a file whose answers depend on a draw, or on a set's order, could get other points
+    on a regrade."""
+    drawn = [grade(tmp_path, BASE + DRAW, "-e", "1").split("drew ")[1].split("\n")[0]
+             for _ in range(2)]
+    assert drawn[0] == drawn[1], drawn
+
+
 def official_tests() -> dict:
-    """{test as the judge names it: (its function, its parameters)}: tests/course/test_official.py's,
+    """{test as the judge names it: (its function, its parameters)}: tests/course/test_hidden.py's,
     each parametrized case by pytest's id (the closest decorator's value first)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    official, out = importlib.import_module("test_official"), {}
+    official, out = importlib.import_module("test_hidden"), {}
     for name, test in vars(official).items():
         if name.startswith("test_") and callable(test):
             cases = [{}]
@@ -260,7 +365,7 @@ def failures_in_process(tests: dict, text, seed: int) -> dict:
     """{test: None, or why it failed}: the official set on `text` (None: the reference) in this
     process, at `seed`: no grader, no judge."""
     import types
-    module = next(iter(tests.values()))[0].__globals__  # test_official's: its `tc`
+    module = next(iter(tests.values()))[0].__globals__  # test_hidden's: its `tc`
     keep, was = module["tc"], os.environ.get("TOKENCREDIT_SEED")
     plant = keep
     if text is not None:
@@ -285,7 +390,7 @@ def failures_in_process(tests: dict, text, seed: int) -> dict:
 
 
 def test_the_reference_passes_the_official_hidden_set_on_every_seed():
-    """In-process, no grader: every test of tests/course/test_official.py on the reference at seeds
+    """In-process, no grader: every test of tests/course/test_hidden.py on the reference at seeds
     1 to 5 (CI's pytest runs seed 0; 1,000 seeds passed when it was written). There is no
     second chance: a fresh test the reference failed would count against the student."""
     tests = official_tests()
@@ -295,26 +400,9 @@ def test_the_reference_passes_the_official_hidden_set_on_every_seed():
     assert failed == {}
 
 
-HIDDEN_SHA = "8917a90e9417f199b306616c029640209ac134db23d93ffb79e54ddb055def25"  # 4e1634f's, but
-# for the path its docstring gives (tests/course/test_hidden.py since the tests are filed by part)
-
-
-def test_a_handout_carries_the_students_hidden_set_as_it_was_and_not_the_official(tmp_path):
-    """Issue 42: the student's side does not change. The official set stays out of it."""
-    out = tmp_path / "h"
-    done = subprocess.run([PY, "-m", "course", "handout", str(out), "--set", "grpo"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    held = hashlib.sha256((out / grading.HIDDEN).read_bytes()).hexdigest()
-    assert held == HIDDEN_SHA
-    assert not (out / grading.OFFICIAL).exists()
-    assert not [p for p in out.rglob("*") if "official" in p.name]
-    assert "test_official" not in (out / grading.MAP_FILE).read_text()
-
-
 def points_on_seeds(grader, k: int, text: str, tests: dict, seeds) -> list:
     """Exercise k's official points on each seed: the grader at the first (bubblewrap, the
-    judge), the others with only tests/course/test_official.py run again in this process and scored by
+    judge), the others with only tests/course/test_hidden.py run again in this process and scored by
     score() (the other tests draw nothing from the seed). At the first seed the in-process run
     must fail the same tests as the grader, or this stops."""
     grader.seed = seeds[0]

@@ -15,6 +15,7 @@ from course import bundle, grading, written
 from course.__main__ import main
 from course.exercises import EXERCISES, SETS
 from course.handout import all_answers, scan_handout, write_handout
+from submissions import unquoted
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
@@ -39,6 +40,12 @@ def filled(exercises, **changed) -> str:
 def graded(text, exercises=GRPO):
     rows, problems = written.grade((text, None), exercises)
     return {r["id"]: r for r in rows}, problems
+
+
+def form_of(path) -> tuple:
+    """The form handed in with a submission at path, as every route reads it."""
+    from course.submission import read_student
+    return read_student(None, os.path.abspath(path), form_beside=True)["form"]
 
 
 def numbers(rows) -> float:
@@ -125,7 +132,7 @@ def test_the_form_parses_on_python_3_10_with_the_standard_library_only():
     source = grading.read(os.path.join(grading.HERE, "written.py"))
     tree = ast.parse(source, feature_version=(3, 10))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert imported == {"os", "re", "stat", "textwrap", "unicodedata"}
+    assert imported == {"os", "re", "textwrap", "unicodedata"}
     assert [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] == ["exercises"]
 
 
@@ -190,24 +197,24 @@ def test_a_number_within_its_tolerance_passes_and_one_just_outside_fails():
 
 def test_missing_garbled_and_odd_forms_give_0_and_a_line_never_a_crash(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert written.form_of(str(tmp_path / "empty")) == (None, written.NO_FORM)
-    rows, problems = written.grade(written.form_of(str(tmp_path / "empty")), GRPO)
+    assert form_of(tmp_path / "empty") == (None, written.NO_FORM)
+    rows, problems = written.grade(form_of(tmp_path / "empty"), GRPO)
     assert numbers({r["id"]: r for r in rows}) == 0 and problems == [written.NO_FORM]
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / written.FORM).write_text("1.std: 0.866\n" * 10000)
     (tmp_path / "link").mkdir()
     (tmp_path / "link" / written.FORM).symlink_to(os.path.join(grading.HERE, "written.py"))
     (tmp_path / "dir" / written.FORM).mkdir(parents=True)
-    for name, said in (("big", "over 65536: not read"), ("link", "not a plain file"),
-                       ("dir", "not a plain file")):
-        text, why = written.form_of(str(tmp_path / name))
+    for name, said in (("big", "over 65536: not read"), ("link", "a symbolic link: not read"),
+                       ("dir", "not a regular file")):
+        text, why = form_of(tmp_path / name)
         assert text is None and said in why, name
         rows, problems = written.grade((text, why), GRPO)
         assert numbers({r["id"]: r for r in rows}) == 0 and problems == [why]
     (tmp_path / "bytes").mkdir()
     (tmp_path / "bytes" / written.FORM).write_bytes(b"\xff\xff\x00garbage\n1.std:\x000.866\n"
                                                     b"1.none: 0.5\n")
-    rows, problems = written.grade(written.form_of(str(tmp_path / "bytes")), GRPO)
+    rows, problems = written.grade(form_of(tmp_path / "bytes"), GRPO)
     rows = {r["id"]: r for r in rows}
     assert numbers(rows) == 1 and rows["1.none"]["right"]
     assert "not a number" in rows["1.std"]["said"] and "line 1 is not `id: answer`" in problems[0]
@@ -244,7 +251,7 @@ def test_grade_path_prints_the_written_grade_and_gradescope_holds_its_tests(tmp_
     path = submission(tmp_path / "alice", filled(GRPO, **{"1_std": 0.9, "1_none": "half"}))
     main(["grade", path, "--set", "grpo", "--seed", "1", "--gradescope",
           str(tmp_path / "r.json")])
-    said = capsys.readouterr().out
+    said = unquoted(capsys.readouterr().out)
     assert "written (written.txt): 18/20 points for numbers; 3 answers to grade by hand" in said
     assert "1.std: wrong: 0.9 is not the expected value (to within ±0.01) [expected 0.866 to " \
            "within ±0.01]" in said  # the instructor's: what was expected
@@ -368,3 +375,17 @@ def test_the_sheet_states_each_number_s_tolerance():
     stated = {qid: tol for tol, ids in table.items() for qid in re.findall(r"`([^`]+)`", ids)}
     assert stated == {q["id"]: written.tolerance(q) for q in written.questions(EXERCISES)
                       if q["number"]}
+
+
+NOTEPAD_FORM = "1.std: 0.866\n1.none: 0.5\n1.loo: 0.667\n"
+
+
+@pytest.mark.parametrize("saved", ["utf-8", "utf-8-sig", "utf-16"])
+def test_a_written_form_saved_with_a_bom_keeps_its_answers(tmp_path, saved):
+    """Windows Notepad saves UTF-8 with a byte order mark, or UTF-16 ("Unicode"): read_form
+    kept the mark, the first line read as "\\ufeff1.std: 0.866", "not `id: answer`", and its
+    right answer got 0 (2 of 3); in UTF-16 every answer got 0."""
+    (tmp_path / "written.txt").write_bytes(NOTEPAD_FORM.encode(saved))
+    rows, problems = written.grade(form_of(tmp_path), [1])
+    assert sum(r["points"] or 0 for r in rows if r["id"] in ("1.std", "1.none", "1.loo")) == 3, (
+        problems)

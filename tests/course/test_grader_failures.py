@@ -1,19 +1,16 @@
 """The grader's failure is never a student's points (issue 53): an exercise whose sandbox dies
 before the student's code is called is graded again in a fresh one; a second failure is a
 "grader error", and the file gets no total until it is graded again. A student's own crash
-still scores 0 as before.
-
-Needs bubblewrap (bwrap) that can run here.
+still scores 0 as before. A grader's own exception on one file costs no other file anything.
 """
 
 import pytest
 
 from course import __main__ as course_main
 from course import grading
-from test_sandbox import BASE, CORRECT, SEED, rows_of
+from submissions import BASE, CORRECT, SEED, needs_bwrap, rows_of
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(grading.find_sandbox() is None, reason="bwrap cannot run here")]
+pytestmark = [pytest.mark.slow, needs_bwrap]
 
 DOOMED = "\n# the test kills this file's sandboxes\n"
 RAISES = "\n# the test raises a grader's own exception on this file\n"
