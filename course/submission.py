@@ -5,8 +5,10 @@ descriptors, no link followed at any level, each file's bytes read once from the
 import contextlib
 import errno
 import importlib.util
+import itertools
 import os
 import stat
+import time
 
 from .written import FORM, NO_FORM, shown
 
@@ -17,7 +19,8 @@ AS_IT_STANDS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def refused(name, error: OSError) -> ValueError:
-    said = {errno.ELOOP: "a symbolic link", errno.ENOTDIR: "not a folder (a link, or changed?)"}
+    said = {errno.ELOOP: "a symbolic link", errno.ENOTDIR: "not a folder (a link, or changed?)",
+            errno.EWOULDBLOCK: "held by another process (a lease)"}
     return ValueError(f"{shown(name)} is not read: {said.get(error.errno, error.strerror)}")
 
 
@@ -37,16 +40,28 @@ def open_at(top, parts, flags=FOLDER) -> int:
     return fd
 
 
+def reopened(fd: int) -> int:
+    """The inode of fd opened to read, through /proc. A lease on it (its owner's process, a file
+    server's) is asked back and waited on 1 s at most, never the kernel's 45 s."""
+    for wait in (0.05, 0.2, 0.75, None):
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except BlockingIOError:
+            if wait is None:
+                raise
+            time.sleep(wait)
+
+
 def read_fd(fd: int, name: str, limit: int) -> tuple:
-    """(the bytes, (device, inode)) of the regular file fd (AS_IT_STANDS), read through /proc from
-    that very inode, whatever its name holds now."""
+    """(the bytes, (device, inode)) of the regular file fd (AS_IT_STANDS), read once from that
+    very inode (reopened), whatever its name holds now."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         kind = "not a regular file (a FIFO, a device, a folder, a socket)"
         raise ValueError(f"{shown(name)} is "
                          f"{'a symbolic link' if stat.S_ISLNK(info.st_mode) else kind}: not read")
     try:
-        with open(f"/proc/self/fd/{fd}", "rb") as f:
+        with open(reopened(fd), "rb") as f:
             data = f.read(limit + 1)
     except OSError as error:
         raise refused(name, error) from None
@@ -71,8 +86,9 @@ def walk(top: int, name: str) -> list:
     for parts in todo:  # breadth first: todo grows as it is read
         fd = open_at(top, parts)
         try:
-            with os.scandir(fd) as entries:
-                found = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
+            with os.scandir(fd) as entries:  # no more of a crowd than the limit is read
+                found = sorted((e.name, e.is_dir(follow_symlinks=False))
+                               for e in itertools.islice(entries, most + 1 - len(out)))
         except OSError as error:
             raise refused(os.path.join(name, *parts), error) from None
         finally:

@@ -376,10 +376,13 @@ def test_a_swap_met_by_the_walk_is_refused_never_followed(tmp_path, monkeypatch,
     assert CORRECT not in student.get("source", "") and "0.866" not in (text or ""), student
 
 
-def test_the_class_itself_names_odd_bytes_and_many_entries_and_each_is_read_or_refused(tmp_path):
+def test_the_class_itself_names_odd_bytes_and_many_entries_and_each_is_read_or_refused(
+        tmp_path, monkeypatch):
     """More kinds: a link to the class folder itself, and to its parent; a folder named in bytes
-    that are not UTF-8, with a form that is not UTF-8 either; a folder of 2,001 files. The links
-    are refused, the odd bytes read (names escaped), the crowd refused whole."""
+    that are not UTF-8, with a form that is not UTF-8 either; a folder of 5,001 files. The links
+    are refused, the odd bytes read (names escaped), the crowd refused whole, once the limit's
+    worth of it is read (the walk read every entry of a folder first: 300,000 empty files cost
+    the grader 1 s and 90 MB)."""
     from course.submission import read_student, students_of
     klass = tmp_path / "class"
     klass.mkdir()
@@ -393,13 +396,20 @@ def test_the_class_itself_names_odd_bytes_and_many_entries_and_each_is_read_or_r
         f.write(b"1.std: 0.866\n\xff\xfe\xfd\n")
     (klass / "crowd").mkdir()
     (klass / "crowd" / "tokencredit.py").write_text(BASE)
-    for i in range(2000):
+    for i in range(5000):
         (klass / "crowd" / f"f{i}").write_text("")
+    listed, scandir = [], os.scandir
+
+    class Counted(Listing):  # the entries the walk took from a folder's listing
+        def __iter__(self):
+            return (listed.append(e) or e for e in super().__iter__())
+    monkeypatch.setattr(os, "scandir", lambda *args: Counted(scandir(*args)))
     top = os.open(klass, os.O_RDONLY)
     try:
         got = {name: read_student(top, entry) for name, entry, _ in students_of(top)}
     finally:
         os.close(top)
+    assert len(listed) < 2010, len(listed)  # a crowd of 10 million: no more of it read
     assert set(got) == {b"dot", b"up", b"\xff\xfe-name", b"crowd"}, list(got)
     assert all("symbolic link" in got[link]["why"] for link in (b"dot", b"up")), got
     assert got[b"\xff\xfe-name"]["source"] == BASE, got[b"\xff\xfe-name"]
@@ -425,3 +435,62 @@ def test_a_file_swapped_right_after_its_check_is_read_as_checked(tmp_path, monke
     finally:
         os.close(top)
     assert ran and student["source"] == BASE and student["inode"][1] == checked, student.keys()
+
+
+LEASE = """import fcntl, os, signal, sys, time
+fds = [os.open(path, os.O_RDWR) for path in sys.argv[2:]]
+def let_go(*_):
+    for fd in fds:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+# asked to let go (SIGIO): a file server lets go; a student need not, and the kernel waits 45 s
+signal.signal(signal.SIGIO, let_go if sys.argv[1] == "polite" else signal.SIG_IGN)
+for fd in fds:
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def held(paths, how: str) -> subprocess.Popen:
+    """A process holding a write lease on each path, letting go when asked (polite) or not."""
+    holder = subprocess.Popen([PY, "-c", LEASE, how, *map(str, paths)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    if holder.stdout.readline() != "held\n":
+        pytest.skip(f"no write lease here: {holder.communicate(timeout=60)[1][-300:]}")
+    return holder
+
+
+@pytest.mark.parametrize("how", ["hostile", "polite"])
+def test_a_file_held_by_a_lease_is_read_or_refused_without_waiting(tmp_path, how):
+    """A student's own process holds a write lease on their file and on their form: any other
+    open of either waits until the lease is let go, or the kernel breaks it (lease-break-time,
+    45 s): grade PATH took 52 s for one file, and grade-all as much per student. Read as each
+    route reads it (grade-all's folder, grade PATH's file and the form beside it, the bundle's
+    folder), each is refused within a second or so, and says why; and a holder that lets go when
+    asked, as a file server does, costs its student nothing."""
+    from course.submission import read_student
+    (tmp_path / "aaa").mkdir()
+    paths = [tmp_path / "aaa" / "tokencredit.py", tmp_path / "aaa" / "written.txt"]
+    paths[0].write_text(BASE)
+    paths[1].write_text("1.std: 0.866\n")
+    got, top = [], os.open(tmp_path, os.O_RDONLY)
+    try:
+        for read in (lambda: read_student(top, "aaa"),
+                     lambda: read_student(None, str(paths[0]), form_beside=True),
+                     lambda: read_student(None, str(tmp_path / "aaa"))):
+            holder = held(paths, how)  # again for each: a lease broken is gone
+            try:
+                started = time.monotonic()
+                got.append(read())
+                assert time.monotonic() - started < 10
+            finally:
+                holder.kill()
+                holder.wait()
+    finally:
+        os.close(top)
+    for student in got:
+        if how == "hostile":
+            assert "held by another process" in student["why"], student
+            assert "held by another process" in student["form"][1], student
+        else:
+            assert student["source"] == BASE and student["form"] == ("1.std: 0.866\n", None)
