@@ -4,11 +4,14 @@ before the student's code is called is graded again in a fresh one; a second fai
 still scores 0 as before. A grader's own exception on one file costs no other file anything.
 """
 
+import json
+import shutil
+
 import pytest
 
 from course import __main__ as course_main
-from course import grading
-from submissions import BASE, CORRECT, SEED, needs_bwrap, rows_of
+from course import bundle, grading
+from submissions import BASE, CORRECT, ROOT, SEED, needs_bwrap, rows_of
 
 pytestmark = [pytest.mark.slow, needs_bwrap]
 
@@ -84,6 +87,21 @@ def test_a_second_failure_is_a_grader_error_and_the_file_gets_no_total(tmp_path,
     said = capsys.readouterr().out
     assert "total: none, a grader error (exercise 1): grade the file again" in said, said
 
+
+def test_the_bundle_writes_no_results_for_a_grader_error(tmp_path, monkeypatch):
+    """The bundle's route (run_autograder's command, in this process, as a bundle of set grpo
+    here): every sandbox of the file dies before its zygote forks; no results.json (Gradescope
+    then says the autograder failed: regrade), and the command fails."""
+    Killer(monkeypatch)
+    (tmp_path / "kit").mkdir()
+    (tmp_path / "kit" / grading.BUNDLE_FILE).write_text(json.dumps(dict(set="grpo", seed=SEED)))
+    shutil.copy(f"{ROOT}/tokencredit.py", tmp_path / "kit")
+    monkeypatch.setattr(bundle, "ROOT", str(tmp_path / "kit"))
+    (tmp_path / "ag" / "submission").mkdir(parents=True)
+    (tmp_path / "ag" / "submission" / "tokencredit.py").write_text(CORRECT + DOOMED)
+    with pytest.raises(SystemExit, match="a grader error: no results.json"):
+        bundle.cmd_autograde(str(tmp_path / "ag"))
+    assert not (tmp_path / "ag" / "results" / "results.json").exists()
 
 SIGNALS = """
 import os as _os
