@@ -78,9 +78,10 @@ def cmd_grade(args) -> None:
     for line in written.lines(*answers, instructor=official):
         print(line)
     print(f"({time.monotonic() - started:.1f} s)")
-    if args.gradescope:
+    results = report.gradescope(rows, flags, answers if official else None)
+    if args.gradescope and results is not None:  # a grader error: no total, no results.json
         with open(args.gradescope, "w") as f:
-            json.dump(report.gradescope(rows, flags, answers if official else None), f, indent=1)
+            json.dump(results, f, indent=1)
         print(f"wrote {args.gradescope}")
 
 
@@ -126,7 +127,7 @@ def cmd_grade_all(args) -> None:
     order = students[::-1] if args.order == "reverse" else list(students)
     if args.order == "random":
         random.shuffle(order)
-    graded, seeds, failed, files = {}, {}, [], {}  # seeds: each student's; files: by inode
+    graded, seeds, files = {}, {}, {}  # seeds: each student's; files: by inode
     try:
         for name, entry, why in order:  # each read once, as it stands, just before its grade
             student = dict(why=why, form=(None, written.NO_FORM)) if why else \
@@ -139,9 +140,8 @@ def cmd_grade_all(args) -> None:
                 rows, flags = grade_submission(grader, student, strict=args.strict)
             except Exception as error:  # noqa: BLE001 -- the grader's own failure: the rest go on
                 print(written.printable(traceback.format_exc()), file=sys.stderr)
-                failed.append(shown(name))
-                flags, rows = [], zero_rows(where["exercises"], "the grader failed on this file "
-                                            f"({type(error).__name__}): grade it alone to see why")
+                flags, rows = [], zero_rows(where["exercises"], f"{type(error).__name__}, the "
+                                            "error above", grader=True)
             graded[name] = (rows, flags, answers)
     finally:
         grader.close()  # every process of every submission is gone before a grade is written
@@ -162,25 +162,28 @@ def cmd_grade_all(args) -> None:
         for name, _, _ in students:
             rows, flags, answers = graded[name]
             said = "; ".join(f"exercise {r['k']}: {n}" for r in rows for n in report.notes(r))
+            total = report.total(rows)  # None: a grader error, no total until graded again
             out.writerow([cell(x) for x in [shown(name), where["set"], seeds.get(name, "")]
-                          + [f"{r['points']:.2f}" for r in rows]
-                          + [f"{sum(r['points'] for r in rows):.2f}",
+                          + ["grader error" if r["grader"] else f"{r['points']:.2f}" for r in rows]
+                          + ["grader error" if total is None else f"{total:.2f}",
                              f"{sum(r['max'] for r in rows):g}"] + written.csv_cells(*answers)
                           + ["; ".join(flags), said, sandbox]])
-            if args.gradescope_dir:
+            results = report.gradescope(rows, flags, answers)
+            if args.gradescope_dir and results is not None:
                 place = folder_of(args.gradescope_dir, name)
                 os.makedirs(place, exist_ok=True)
                 with open(os.path.join(place, "results.json"), "w") as g:
-                    json.dump(report.gradescope(rows, flags, answers), g, indent=1)
+                    json.dump(results, g, indent=1)
     os.replace(tmp, args.csv)
     print(f"graded {len(students)} submissions (set {where['set']}, "
           + (f"seed {where['seed']}" if where["seed"] is not None else "each file's own seed")
           + f") in {time.monotonic() - started:.1f} s: wrote {args.csv}"
           + (f" and {args.gradescope_dir}/STUDENT/results.json" if args.gradescope_dir else "")
           + f"\n{grader.sandbox_line()}")
+    failed = [shown(name) for name, _, _ in students if report.total(graded[name][0]) is None]
     if failed:
-        raise SystemExit(f"course: the grader itself failed on {len(failed)} files (0 in the CSV, "
-                         f"the error above): {', '.join(failed)}")
+        raise SystemExit(f"course: a grader error on {len(failed)} files (the CSV says which "
+                         f"exercises; no total): grade them again: {', '.join(failed)}")
 
 
 def cmd_list(args) -> None:

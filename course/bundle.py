@@ -105,11 +105,13 @@ def cmd_autograde(root: str) -> None:
     finally:
         grader.close()  # its sandboxes, and all in them, go with the judges
     out = report.gradescope(rows, flags, answers)
-    if said.startswith(("NO SANDBOX", "No grade")):  # where the student reads it
-        out["output"] = "\n".join(filter(None, [said, out.get("output")]))
     print(said)
     print(report.format_rows(rows, True))  # run_autograder's stdout: for the instructor
     print("\n".join(written.lines(*answers, instructor=True)))
+    if out is None:  # Gradescope then shows the autograder failed: regrade the submission
+        raise SystemExit("course: a grader error: no results.json")
+    if said.startswith(("NO SANDBOX", "No grade")):  # where the student reads it
+        out["output"] = "\n".join(filter(None, [said, out.get("output")]))
     with open(results, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {results}: {out['score']} points")

@@ -45,6 +45,10 @@ def zygote(fd: int, work: str) -> None:
     of the Python."""
     control = socket.socket(fileno=fd)
     torch.set_num_threads(1)
+    # its sandbox's pid 1 takes from inside it only the signals it handles: none (Python's
+    # SIGINT handler off), so nothing but the kernel (its cgroup out of memory) or the grader
+    # ends it, and the driver may call its end the grader's failure (course/grading.py, done)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # out of memory, the kernel kills a sandbox's processes first, not the grader's (before the
     # prctl below: a process not dumpable may not write its own /proc files)
     with open("/proc/self/oom_score_adj", "w") as f:
@@ -167,6 +171,7 @@ class Child:
         self.label = job["label"]
         reference = None if job.get("reference") is None else self.module_from(
             job["reference"], "reference.py", "tokencredit")
+        self.send(dict(op="running"))  # the judge: what goes wrong from here on is the student's
         student = self.module_from(job["student"], self.label,
                                    "student_tokencredit" if reference else "tokencredit")
         names = job["names"]

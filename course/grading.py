@@ -3,13 +3,14 @@
 The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
 folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
 is one job, on worker n mod the workers (n: its place in the set), in a bubblewrap sandbox no job
-has used (`sandbox_argv`, ENTER, `memory_cgroup`; the test map's jobs, the reference's own code,
+has used (`sandbox_argv`, ENTER, `find_cgroup`; the test map's jobs, the reference's own code,
 share one a worker). What the sandbox, its uid, its cgroup and the limits guard, and what runs
 without one: docs/instructors.md, "What the grader protects against".
 """
 
 import ast
 import contextlib
+import fcntl
 import glob
 import hashlib
 import json
@@ -60,7 +61,9 @@ LIMIT_NAMES = {"time": "the time limit ({time_s:g} s per exercise) was reached",
                               "reached",
                "malformed": "it broke the grader's protocol",
                "died": "its process died"}
-SANDBOX_UID = 1_500_000_000  # as root, the n-th sandbox runs as uid + n
+SANDBOX_UID = 1_500_000_000  # as root, a run's n-th sandbox runs as uid + its block's + n
+UID_BLOCK = 10 ** 6  # uids per run's block (`claim_uids`); 2,000 blocks fit below 2**32
+UID_LOCKS = "/run/course-sandbox-uids"  # a lock file per block, held by the run that uses it
 NO_SANDBOX = ("no sandbox (bubblewrap could not run here): students' code runs as the grader's "
               "user and can read, signal and write what it can")
 SAME_NOTE = "the published reference's code, statement for statement: the student's own?"
@@ -104,10 +107,11 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
                       for q in glob.glob(os.path.join(p, pattern))]
     installed = {r for p in places for pattern in ("tokencredit*", "__pycache__/tokencredit*")
                  for q in glob.glob(os.path.join(p, pattern)) for r in (q, os.path.realpath(q))}
-    for path in sorted(installed):
-        argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
-    argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",
-             "--remount-ro", "/dev", "--chdir", "/tmp"]  # /dev's tmpfs is no second disk
+    for path in sorted(installed):  # an empty folder or file, neither one to write in
+        argv += ["--tmpfs", path, "--remount-ro", path] if os.path.isdir(path) else [
+            "--ro-bind", "/dev/null", path]
+    argv += ["--ro-bind", code_dir, "/course", "--proc", "/proc", "--dev", "/dev",  # read-only:
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]  # /tmp, the one disk
     if uid is None:
         return argv
     sources = {os.path.realpath(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind"}
@@ -162,9 +166,9 @@ os.execvp(argv[0], argv)
 
 
 def find_sandbox():
-    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup": memory_cgroup()}
-    if bwrap runs this Python here (as root, under a uid of its own, else under root); else
-    None."""
+    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup", "cpu": the
+    memory and cpu find_cgroup} if bwrap runs this Python here (as root, under a uid of its own,
+    else under root); else None."""
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
@@ -172,8 +176,22 @@ def find_sandbox():
                 argv = sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c", "pass"]
                 subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=60)
-                return dict(uid=uid, cgroup=memory_cgroup())
+                return dict(uid=uid, cgroup=find_cgroup("memory"), cpu=find_cgroup("cpu"))
     return None
+
+
+def claim_uids() -> tuple:
+    """(the first uid of a block that no other run on this machine holds, the lock's file
+    descriptor): two runs' sandboxes never share a uid. The lock goes with this process."""
+    os.makedirs(UID_LOCKS, mode=0o700, exist_ok=True)
+    for block in range(2000):
+        fd = os.open(os.path.join(UID_LOCKS, str(block)),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with contextlib.suppress(BlockingIOError):  # else another run's
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return SANDBOX_UID + block * UID_BLOCK, fd
+        os.close(fd)
+    raise RuntimeError(f"course: all 2,000 blocks of sandbox uids are held ({UID_LOCKS})")
 
 
 CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_bytes",
@@ -182,21 +200,25 @@ CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_by
                         events="memory.events")}
 
 
-def memory_cgroup():
-    """{"folder", "version"}: where this process may make memory cgroups of its own (v1's memory
-    hierarchy, or v2's where memory is on for its children), else None (docs/instructors.md)."""
+def find_cgroup(controller: str):
+    """{"folder", "version"}: where this process may make cgroups of its own with `controller`
+    ("memory" or "cpu") on for them (v1's hierarchy of it, or v2's where it is on for its
+    children), else None (docs/instructors.md)."""
     for line in read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
-        version = 1 if "memory" in controllers.split(",") else 2 if not controllers and (
+        version = 1 if controller in controllers.split(",") else 2 if not controllers and (
             os.path.exists("/sys/fs/cgroup/cgroup.controllers")) else None
         if version is None:
             continue
-        cgroup = dict(folder=("/sys/fs/cgroup/memory" if version == 1 else "/sys/fs/cgroup")
+        cgroup = dict(folder=(f"/sys/fs/cgroup/{controller}" if version == 1 else "/sys/fs/cgroup")
                       + path, version=version)
         probe = os.path.join(cgroup["folder"], f"course-probe-{os.getpid()}")
         try:  # what start_box and Driver.warm do: a limit, and a process started in it
             os.mkdir(probe)
-            cap(cgroup, probe, 1 << 30)
+            if controller == "memory":
+                cap(cgroup, probe, 1 << 30)
+            elif not os.path.exists(os.path.join(probe, ("cpu.shares", "cpu.weight")[version - 1])):
+                continue  # v2 with cpu off for its children
             subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
             return cgroup
         except (OSError, subprocess.SubprocessError):
@@ -207,9 +229,9 @@ def memory_cgroup():
     return None
 
 
-def joining(folder: str):
-    """A preexec_fn: the new process joins the cgroup `folder` before it runs anything."""
-    return lambda: write_to(os.path.join(folder, "cgroup.procs"), os.getpid())
+def joining(*folders):
+    """A preexec_fn: the new process joins the cgroups `folders` before it runs anything."""
+    return lambda: [write_to(os.path.join(f, "cgroup.procs"), os.getpid()) for f in folders]
 
 
 def cgroup_file(cgroup: dict, folder: str, which: str) -> str:
@@ -239,6 +261,7 @@ class Driver:
         self.limits = dict(LIMITS, **(limits or {}))
         self.stale = []  # the cgroups of dropped sandboxes, until `reap` removes them
         self.sandbox = find_sandbox()
+        self.uids = claim_uids() if self.sandbox and self.sandbox["uid"] else None
         self.private = tempfile.mkdtemp(prefix="course-judge-")
         os.chmod(self.private, 0o711)  # a sandbox's own uid reaches its zygote's code, no more
         self.code = os.path.join(self.private, "zygote")  # the child's two files, /course in a box
@@ -265,24 +288,26 @@ class Driver:
         """A fresh sandbox (bwrap's, when there is one) with a zygote (course/child.py) in it that
         loads torch: its process, and the control line the judge gets with its first job."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message each
-        uid = self.sandbox and self.sandbox["uid"] and self.sandbox["uid"] + self.started % 10 ** 8
+        uid = self.uids and self.uids[0] + self.started % UID_BLOCK
         box = [] if self.sandbox is None else sandbox_argv(self.code, self.limits["disk_mb"], uid)
         code, work = ("/course", "/tmp") if box else (self.code, self.code)
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LANG="C.UTF-8", HOME=work, PYTHONHASHSEED="0")  # all it gets (no -E)
         self.started += 1
-        cgroup = None
-        if box and self.sandbox["cgroup"]:  # bwrap starts in it: all the sandbox's processes are
-            cgroup = os.path.join(self.sandbox["cgroup"]["folder"],
-                                  f"course-{os.getpid()}-{time.time_ns()}")
-            os.mkdir(cgroup)
+        name, cgroups = f"course-{os.getpid()}-{time.time_ns()}", []  # its memory's, its cpu's
+        for which in ("cgroup", "cpu") if box else ():
+            folder = self.sandbox[which] and os.path.join(self.sandbox[which]["folder"], name)
+            if folder and folder not in cgroups:  # v2: one folder for both
+                os.mkdir(folder)
+                cgroups.append(folder)
         process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
             box + [sys.executable, "-s", os.path.join(code, "child.py"),
                    str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, preexec_fn=joining(cgroup) if cgroup else None)
-        theirs.close()
-        return dict(process=process, control=ours, cgroup=cgroup)
+            stderr=subprocess.DEVNULL, preexec_fn=joining(*cgroups) if cgroups else None)
+        theirs.close()  # all the sandbox's processes are in its cgroups: bwrap starts there
+        return dict(process=process, control=ours, cgroups=cgroups,
+                    cgroup=cgroups[0] if self.sandbox and self.sandbox["cgroup"] else None)
 
     def warm(self, box) -> None:
         """Wait for the sandbox's zygote to load torch (its line "ready"); then its cgroup may
@@ -291,15 +316,11 @@ class Driver:
         ready, _, _ = select.select([box["process"].stdout], [], [], 300)
         said = os.read(box["process"].stdout.fileno(), 6) if ready else b""
         box["process"].stdout.close()
-        try:  # a failure here is the grader's, before any student's code: never a student's 0
-            if said != b"ready\n":
-                raise OSError("its Python did not start")
-            if box["cgroup"]:
-                usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
-                cap(self.sandbox["cgroup"], box["cgroup"],
-                    usage + (self.limits["memory_mb"] << 20))
-        except OSError as error:
-            raise RuntimeError(f"course: a sandbox failed: {error}") from error
+        if said != b"ready\n":
+            raise RuntimeError("its Python did not start")
+        if box["cgroup"]:
+            usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
+            cap(self.sandbox["cgroup"], box["cgroup"], usage + (self.limits["memory_mb"] << 20))
 
     def ooms(self, box) -> int:
         """How many of the sandbox's processes its cgroup's limit has killed."""
@@ -307,11 +328,10 @@ class Driver:
         return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
 
     def give_box(self, worker) -> None:
-        """A sandbox for the worker's job: a warm one no job has used (unless reuse); then
-        another starts if the jobs still to come outnumber the warm ones (4 at most)."""
+        """A sandbox for the worker's job: a warm one no job has used (unless reuse; one that died
+        meanwhile fails `warm`); then another starts if the jobs still to come outnumber the warm
+        ones (4 at most)."""
         if worker["box"] is None:
-            while self.boxes and self.boxes[0]["process"].poll() is not None:
-                self.drop(self.boxes.pop(0))  # one started ahead that died since (out of memory?)
             worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
             self.left -= 1
             if len(self.boxes) < min(self.left, 4):
@@ -330,7 +350,7 @@ class Driver:
             box["process"].stdout.close()
             box["process"].kill()
             box["process"].wait()
-            self.stale += [box["cgroup"]] if box["cgroup"] else []
+            self.stale += box["cgroups"]
             self.reap()
 
     def reap(self, wait_s=0.0) -> None:
@@ -398,6 +418,7 @@ class Driver:
         """Killed, and gone before this returns: the first worker is this process's child, the
         others are its forks, waited for by their pidfd."""
         self.drop(worker["box"])
+        worker["box"] = None
         if "pidfd" not in worker:
             worker["process"].kill()
             worker["process"].wait()
@@ -419,34 +440,51 @@ class Driver:
             for i, worker in enumerate(self.pool):
                 if worker["job"] is None and todo[i]:
                     job = worker["job"] = todo[i].pop(0)
-                    with contextlib.suppress(OSError):  # a dead worker: its deadline says so
+                    try:
                         self.give_box(worker)
                         worker["channel"].sendall(json.dumps(job).encode() + b"\n")
+                    except (OSError, RuntimeError) as error:  # its sandbox, or its judge
+                        self.restart(i, todo[i], results, f"a sandbox or a judge failed: {error}")
+                        continue
                     worker["deadline"] = time.monotonic() + job["limit"] + 60
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:
+                i = self.pool.index(worker)
                 message = self.next_message(worker, time.monotonic() + 0.01) if (
                     worker["channel"] in ready or b"\n" in worker["buffer"]) else None
                 if message is not None:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
-                        box = worker["box"]
-                        if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
-                            # its cgroup (this job's alone, capped before it) ran out of memory
-                            message.update(limit="memory", stopped="the kernel killed it")
-                        results[message["id"]] = message
-                        worker["job"] = None
-                        if not self.reuse:  # with all the job left in it: no later job of the
-                            self.drop(worker["box"])  # submission finds what this one wrote
-                            worker["box"] = None
+                        self.done(worker, message, todo[i], results)
                 elif worker["closed"] or time.monotonic() > worker["deadline"]:
-                    job = worker["job"]
-                    results[job["id"]] = dict(id=job["id"], results={}, error=None, limit="died",
-                                              stopped="the grader's judge process stopped",
-                                              calls={}, snapshots={})
-                    self.kill_worker(worker)
-                    self.pool[self.pool.index(worker)], = self.start_workers(1)
+                    self.restart(i, todo[i], results, "the grader's judge process stopped")
         return [results[job["id"]] for job in jobs]
+
+    def restart(self, i: int, queue: list, results: dict, why: str) -> None:
+        """Worker i, whose job the grader failed (`done`), killed, and a fresh one in its place."""
+        worker = self.pool[i]
+        self.kill_worker(worker)
+        self.done(worker, dict(id=worker["job"]["id"], grader=why), queue, results)
+        self.pool[i], = self.start_workers(1)
+
+    def done(self, worker, message: dict, queue: list, results: dict) -> None:
+        """The worker's job's result; but a job the grader failed (`grader`: its sandbox or judge
+        stopped before the student's code ran, or its sandbox ended for no memory of its own)
+        runs once more, next, in a fresh sandbox."""
+        job, box, worker["job"] = worker["job"], worker["box"], None
+        if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
+            # its cgroup (this job's alone, capped before it) ran out of memory: the student's
+            message.update(limit="memory", stopped="the kernel killed it", grader=None)
+        if not self.reuse or message.get("grader"):  # with all the job left in it: no later job
+            self.drop(box)  # of the submission finds what this one wrote
+            worker["box"] = None
+        if message.get("grader") and "first" not in job:
+            queue.insert(0, dict(job, id=self.ids, first=job["id"]))
+            self.ids += 1
+        else:
+            results[job.get("first", job["id"])] = dict(
+                results={}, error=None, limit=None, stopped=None, calls={}, snapshots={},
+                grader=None) | message
 
     def close(self) -> None:
         """The judges and the sandboxes killed, not asked (a Python with torch takes a second to
@@ -458,6 +496,8 @@ class Driver:
             self.drop(box)
         self.reap(wait_s=5)
         shutil.rmtree(self.private, ignore_errors=True)
+        if self.uids:
+            os.close(self.uids[1])  # the block, free for another run
 
 
 # -----------------------------------------------------------------------------
@@ -497,9 +537,9 @@ def compute_map(reference: str, tests: dict) -> dict:
                                   names=names, tests=everything, trace=names, record=True,
                                   limit=LIMITS["time_s"] * 8)])
         failing = [t for t, failure in whole["results"].items() if failure]
-        if whole["error"] or failing or whole["stopped"]:
+        if whole["error"] or whole["grader"] or failing or whole["stopped"]:
             raise SystemExit(f"course: the reference fails {len(failing)} tests: {failing[:5]} "
-                             f"{whole['error'] or whole['stopped'] or ''}\n"
+                             f"{whole['error'] or whole['grader'] or whole['stopped'] or ''}\n"
                              + "\n".join(whole["results"][t] for t in failing[:2]))
         calls = {t: set(c) for t, c in whole["calls"].items()}
         jobs = [dict(student=blank(reference, names=[name]), label="tokencredit.py",
@@ -509,7 +549,8 @@ def compute_map(reference: str, tests: dict) -> dict:
         results = driver.run(jobs)
     finally:
         driver.close()
-    stopped = [r["error"] or r["stopped"] for r in results if r["error"] or r["limit"]]
+    stopped = [r["error"] or r["grader"] or r["stopped"] for r in results
+               if r["error"] or r["limit"] or r["grader"]]
     if stopped:  # a blanked copy that did not run its tests: its fails would be wrong
         raise SystemExit(f"course: a run of the blanked reference for the map stopped: "
                          f"{stopped[0]}")
@@ -586,10 +627,13 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
     "Points" says."""
     row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={},
                blank=[name for name in plan["functions"] if name in result.get("blank", ())],
-               limit=result.get("limit"), error=result.get("error"), notes=[])
+               limit=result.get("limit"), error=result.get("error"), notes=[],
+               grader=result.get("grader"))
     if row["limit"]:
         named = LIMIT_NAMES.get(row["limit"], row["limit"]).format(**limits)
         row["error"] = f"0 points: {named} ({result.get('stopped')})"
+    if row["grader"]:  # no points, and the file no total (`report.total`)
+        row.update(limit="grader", error=f"grader error ({row['grader']}): grade the file again")
     total_points, functions = 0.0, plan["functions"]
     uses = by_test(functions)  # test: the functions of exercise k it needs
     not_run = f"not run: {result.get('stopped') or 'the test did not run'}"
@@ -751,10 +795,10 @@ class Grader:
             driver.close()
 
 
-def zero_rows(exercises, why: str) -> list:
-    """0 points, and why (a file not read, say): score's rows for no tests."""
-    return [score(dict(functions={}, later={}), k, dict(results={}, error=why), {}, LIMITS)
-            for k in exercises]
+def zero_rows(exercises, why: str, grader=False) -> list:
+    """0 points, and why (a file not read, say), or a grader error: score's rows for no tests."""
+    return [score(dict(functions={}, later={}), k, {"results": {}, "grader" if grader else "error":
+                                                    why}, {}, LIMITS) for k in exercises]
 
 
 WORK = dict(cpu_s=5, memory_mb=1024, wall_s=60)  # the driver's own work on one file, at most

@@ -51,6 +51,7 @@ class Session:
 
     def __init__(self, zygote, spec: dict, limit_s: float):
         self.zygote, self.calls, self.dead, self.limit = zygote, 0, None, None
+        self.running = False  # the student's code has been called (`load`)
         self.returned = {}  # id: weakref of each tensor that came from the child ("got")
         self.where, self.called = [], set()
         self.sees_writes = False  # else the judge's tensors stay as sent, whatever the child does
@@ -118,11 +119,15 @@ class Session:
             self.sock.close()
 
     def load(self, job: dict) -> None:
+        """The child loads the reference, says "running", then runs the student's file: a child
+        that stops before it said so stopped for the grader's reason, never the student's."""
         self.send(dict(op="load", student=job["student"], label=job["label"],
                        reference=job.get("reference"), names=job["names"],
                        given=job.get("given", []), trace=job.get("trace")))
-        if self.receive()[0].get("op") != "loaded":
-            self.stop("malformed", "it answered malformed data")
+        for op in ("running", "loaded"):
+            if self.receive()[0].get("op") != op:
+                self.stop("malformed", "it answered malformed data")
+            self.running = True
 
     # -- calls
 
@@ -251,6 +256,7 @@ class Zygote:
 
     def __init__(self, control):
         self.control, self.buffer, self.exits = control, b"", {}
+        self.gone = False  # its sandbox ended: the kernel or the grader ended it (child.zygote)
 
     def lines(self, timeout: float):
         """The zygote's messages: it runs beside the student's code, so nothing it says is
@@ -261,6 +267,7 @@ class Zygote:
         except socket.timeout:
             return []
         if not data or len(self.buffer) > 1 << 20:
+            self.gone = True
             raise EOFError("the zygote is gone")
         self.buffer += data
         *done, self.buffer = self.buffer.split(b"\n")
@@ -298,7 +305,7 @@ class Zygote:
                 self.lines(0.1)
         status = self.exits.pop(pid, None)
         if status is None:
-            return "died", "it closed its line to the grader"
+            return "died", "its sandbox ended" if self.gone else "it closed its line to the grader"
         if os.WIFSIGNALED(status):
             number = os.WTERMSIG(status)
             named = {signal.SIGXFSZ: ("file size", "it wrote past the file size limit"),
@@ -405,9 +412,8 @@ class Worker:
                     os._exit(1)
             _, status = os.waitpid(pid, 0)
             if status != 0:
-                send_line(self.channel, dict(
-                    id=job["id"], results={}, error=None, limit="died", calls={},
-                    snapshots={}, stopped=f"the grader's judge failed (status {status})"))
+                send_line(self.channel, dict(id=job["id"],
+                                             grader=f"the grader's judge failed (status {status})"))
         return True
 
     def run_job(self, job: dict, runner) -> dict:
@@ -446,11 +452,12 @@ class Worker:
                 calls[name] = sorted(session.called)
         if session is not None:
             session.kill()
-        return dict(id=job["id"], results=results, error=error,
-                    limit=session.limit if session else None,
-                    stopped=session.dead if session else None,
-                    calls=calls if job.get("trace") else {},
-                    snapshots=self.snapshots if job.get("record") else {})
+        if session is None or not session.running:  # the grader's failure: the driver retries
+            return dict(id=job["id"], grader=(session and session.dead) or error)
+        return dict(id=job["id"], results=results, error=error, limit=session.limit,
+                    stopped=session.dead, calls=calls if job.get("trace") else {},
+                    snapshots=self.snapshots if job.get("record") else {},
+                    grader=session.dead if self.zygote.gone else None)  # unless out of memory
 
     def failure(self, report, session) -> str:
         """The failure as the report shows it: the test's line, the exception in full, where in

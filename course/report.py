@@ -61,9 +61,15 @@ def format_rows(rows: list, verbose: bool) -> str:
             "error") else []
         if verbose:
             lines += details(row)
-    total, top = sum(r["points"] for r in rows), sum(r["max"] for r in rows)
-    lines.append(f"total {total:.1f}/{top:g} points")
+    errors = ", ".join(str(r["k"]) for r in rows if r["grader"])
+    lines.append(f"total: none, a grader error (exercise {errors}): grade the file again"
+                 if errors else f"total {total(rows):.1f}/{sum(r['max'] for r in rows):g} points")
     return "\n".join(lines)
+
+
+def total(rows: list):
+    """The file's points, or None while the grader failed (twice: `Driver.done`) on an exercise."""
+    return None if any(r["grader"] for r in rows) else sum(r["points"] for r in rows)
 
 
 def flag_lines(flags: list) -> list:
@@ -71,9 +77,11 @@ def flag_lines(flags: list) -> list:
         line for flag in flags for line in written.quoted(flag, "    ")]
 
 
-def gradescope(rows: list, flags=(), answers=None) -> dict:
+def gradescope(rows: list, flags=(), answers=None):
     """Gradescope's results.json: one entry per exercise, then the written form's (`answers`:
-    its rows and problems, course/written.py)."""
+    its rows and problems, course/written.py); None while the file has no total."""
+    if total(rows) is None:
+        return None
     tests = [dict(name=f"exercise {row['k']}: {EXERCISES[row['k']][0]}", score=row["points"],
                   max_score=row["max"], visibility="visible", output="\n".join(
                       [f"{row['passed']}/{row['total']} tests passed"] + notes(row) + details(row)))

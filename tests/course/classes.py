@@ -6,6 +6,8 @@ conftest.py grades each once per session, and the test files import what each ho
 - `attacked` (LIMIT_ATTACKS and CRASHES, with names that look alike, a long name, a file that
   reads its own name, a hand-graded answer that reads reversed): memory and disk past the limits,
   work the judge and the driver must bound, escapes in a report, files that stopped a whole class;
+- BESIDE_ATTACKS, graded by a second run beside a class (test_concurrent_runs.py): processes
+  that spin, the root and every mount written, kernel buffers filled, SIGSTOP;
 - `cheats` (attack_sources): submissions that try to write their own grade, the replay of a
   handout's stored outputs among them.
 
@@ -407,6 +409,72 @@ def number_in(notes: str, word: str) -> int:
     found = [int(x.split()[0]) for x in notes.split(f"{word} ")[1:]]
     assert found, notes
     return max(found)
+
+
+# -----------------------------------------------------------------------------
+# beside: issue 53's five attacks, graded by a second run beside a class (test_concurrent_runs.py)
+
+BESIDE_ATTACKS = {  # name: what is added to BASE
+    # 60 spinning processes per exercise, each a session of its own (an autogroup each)
+    "a-spin": '''
+import os as _os
+for _i in range(59):
+    try:
+        if _os.fork() == 0:
+            _os.setsid()
+            while True:
+                pass
+    except OSError:
+        break
+''',
+    # 300 MB written to the sandbox's root (bwrap's own tmpfs, before)
+    "a-root": fill("/x{_i}", 20),
+    # socket and pipe buffers up to the memory limit, kept by a process that stays
+    "a-buffers": '''
+import os as _os, socket as _so, fcntl as _fc, time as _t
+_keep = []
+try:
+    for _i in range(100000):
+        if _i % 2:
+            _r, _w = _os.pipe()
+            _fc.fcntl(_w, 1031, 1 << 20)  # F_SETPIPE_SZ: 1 MB
+        else:
+            _r, _w = (_s.detach() for _s in _so.socketpair())
+        _keep += [_r, _w]
+        _os.set_blocking(_w, False)
+        try:
+            while True:
+                _os.write(_w, b"x" * 65536)
+        except BlockingIOError:  # full
+            pass
+except OSError:  # out of descriptors, or of memory
+    pass
+if _os.fork() == 0:
+    _t.sleep(600)
+''',
+    # writes to every mount it sees, past the disk limit
+    "a-mounts": '''
+_n = 0
+for _m in [_l.split()[1] for _l in open("/proc/self/mounts")]:
+    for _i in range(5):  # 75 MB a mount, in files under the file size limit
+        try:
+            with open(_m.rstrip("/") + f"/x{_i}", "wb") as _f:
+                _f.write(b"0" * (15 << 20))
+            _n += 15 << 20
+        except OSError:
+            break
+raise ValueError(f"wrote {_n} bytes")
+''',
+    # SIGSTOP to every process it may signal, itself last
+    "a-sigstop": '''
+import os as _os, signal as _sig
+try:
+    _os.kill(-1, _sig.SIGSTOP)
+except OSError:
+    pass
+_os.kill(_os.getpid(), _sig.SIGSTOP)
+''',
+}
 
 
 # -----------------------------------------------------------------------------

@@ -26,8 +26,8 @@ import zipfile
 
 import pytest
 
-from classes import (FORK_BOMB, MEMORY_MB, SANDBOX_ATTACKS, attack_text, graded_as_tester,
-                     number_in)
+from classes import (BESIDE_ATTACKS, FORK_BOMB, MEMORY_MB, SANDBOX_ATTACKS, attack_text,
+                     graded_as_tester, number_in)
 from course import grading
 from submissions import (BASE, CORRECT, PY, REFERENCE, ROOT, SEED, descendants, grade,
                          needs_bwrap, rows_of, run)
@@ -125,7 +125,8 @@ def test_as_an_ordinary_user_too():
     """As `tester`, in one class with SANDBOX_ATTACKS' (graded_as_tester: those that reach past
     their own process, grade PATH and the bundle): /dev (a sandbox under the grader's own uid),
     beside memfd and forked memory (not limited: test_limits.PER_PROCESS), the format-string
-    limit and the driver's own work (DRIVER_ATTACKS)."""
+    limit, the driver's own work (DRIVER_ATTACKS), and the root and every mount written
+    (BESIDE_ATTACKS: / takes nothing, all the mounts together no more than the disk limit)."""
     try:
         tester = pwd.getpwnam("tester")
     except KeyError:
@@ -134,9 +135,12 @@ def test_as_an_ordinary_user_too():
     try:
         more = {f"{name}.py": attack_text(name) for name in (
             "a-devshm", "a-memfd", "a-forkmem", "c-format", "w-aliases", "w-finally")}
+        more |= {f"{name}.py": BASE + BESIDE_ATTACKS[name] for name in ("a-root", "a-mounts")}
         rows = graded_as_tester(tmp, tester, more, ["--memory-limit", str(MEMORY_MB)])
         assert number_in(rows["a-devshm"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
         assert rows["w-aliases"]["total"] == rows["w-finally"]["total"] == "0.00", rows
+        assert number_in(rows["a-root"]["notes"], "wrote") == 0, rows["a-root"]["notes"]
+        assert 0 < number_in(rows["a-mounts"]["notes"], "wrote") <= grading.LIMITS["disk_mb"] << 20
     finally:
         shutil.rmtree(tmp)
 
