@@ -100,7 +100,7 @@ def parse_args(argv=None):
         parser.error(f"--device cuda was asked for, but torch.cuda.is_available() is False (torch "
                      f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use "
                      f"--device cpu or auto")
-    opt.requested = opt.device  # tiny_task.describe_device says what was asked for
+    opt.requested = opt.device  # train_tiny.describe_device says what was asked for
     opt.device = torch.device("cuda" if opt.device == "auto" and torch.cuda.is_available() else
                               "cpu" if opt.device == "auto" else opt.device)
     opt.skip = min(opt.skip, opt.updates - 1)  # keep at least one update to take the median of
@@ -174,7 +174,7 @@ def time_policy_loss(device, requested: str, N: int, T: int, repeats: int) -> fl
         ours.append(seconds(run_policy_loss))
         bare.append(seconds(run_bare_formula))
     t_ours, t_bare = statistics.median(ours), statistics.median(bare)
-    print(tiny_task.describe_device(device, requested))
+    print(tt.describe_device(device, requested))
     print(f"N={N} T={T}: policy_loss fwd+bwd {t_ours * 1e3:.1f} ms, bare formula fwd+bwd "
           f"{t_bare * 1e3:.1f} ms, ratio {t_ours / t_bare:.2f}x (median of {repeats}, "
           f"alternating; the two losses differ by {same:.1e})")
@@ -198,7 +198,7 @@ class TinySide:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
         self.sample_groups = tt.sample_groups_fn(self.model, self.tokenizer, args,
                                                  tiny_task.ProblemStream(args, seed), device)
-        self.args, self.device, self.step = args, device, 0
+        self.args, self.device, self.step, self.tc = args, device, 0, tt.load_tokencredit(args)
 
     def update(self):
         """One train_step. Its generate and score parts end in host reads (decoding, .item());
@@ -207,7 +207,7 @@ class TinySide:
         self.step += 1
         sync(self.device)
         start = time.perf_counter()
-        rec = tt.train_step(self.step, self.args, self.model, None, self.optimizer,
+        rec = tt.train_step(self.step, self.args, self.tc, self.model, None, self.optimizer,
                             self.tokenizer, self.sample_groups, self.device)
         sync(self.device)
         total = time.perf_counter() - start
@@ -267,7 +267,7 @@ def make_trainer(args, ckpt, seed, updates, device, callbacks):
 @torch.no_grad()
 def position_error(trainer, fix, args, ckpt, seed, device):
     """Mean |log-prob difference| per response token between TRL's scoring forward and
-    train_tiny.score, on 16 x 8 responses sampled by train_tiny.rollout: (stock TRL, TRL with
+    tiny_task.score, on 16 x 8 responses sampled by train_tiny.rollout: (stock TRL, TRL with
     mask_positions)."""
     model, tokenizer = load(ckpt, device)
     model.eval()
@@ -275,7 +275,7 @@ def position_error(trainer, fix, args, ckpt, seed, device):
     problems = tiny_task.ProblemStream(args, seed + 1).next(args.prompts_per_step)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     flat, responses, mask = r.problems, r.responses, r.mask
-    reference = tt.score(model, tokenizer, args, flat, responses, mask)[0][0]
+    reference = tiny_task.score(model, tokenizer, flat, responses, mask, args.temperature)[0][0]
     texts = tiny_task.prompt_texts(flat)
     prompt_ids, prompt_mask = tiny_task.tokenize_prompts(tokenizer, texts, device)
     ids = torch.cat([prompt_ids, responses], 1)
@@ -325,7 +325,7 @@ def run_alternating(args, ckpt, opt, tiny):
     trainer, fix, lengths = make_trainer(args, ckpt, opt.seed, opt.updates, opt.device,
                                          [Alternate()])
     stock, fixed = position_error(trainer, fix, args, ckpt, opt.seed, opt.device)
-    print(f"positions: TRL's log-probs differ from train_tiny.score's by {stock:.3f} nats per "
+    print(f"positions: TRL's log-probs differ from tiny_task.score's by {stock:.3f} nats per "
           f"token as shipped, by {fixed:.1e} with tokencredit_trl.mask_positions "
           f"({'not ' if opt.stock_positions else ''}used below)")
     if not opt.stock_positions:
@@ -356,7 +356,7 @@ def main(argv=None):
         return dict(ratio=time_policy_loss(opt.device, opt.requested, *opt.shape, opt.repeats))
     import transformers
     tiny_task.quiet_transformers()
-    print(tiny_task.describe_device(opt.device, opt.requested), flush=True)
+    print(tt.describe_device(opt.device, opt.requested), flush=True)
     # train_tiny's grpo run, without its held-out evaluations inside the timed loop
     args = dataclasses.replace(tt.Args(), **tt.PRESETS["grpo"], steps=10 ** 9, eval_every=10 ** 9)
     # the warm-up: made once

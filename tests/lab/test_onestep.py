@@ -23,9 +23,10 @@ def one_step_on_tiny_policy(monkeypatch, strength=1.0):
     """onestep.one_step on an untrained 1-layer model whose verdicts are fixed by hand (its answers are noise)."""
     model, tokenizer = tiny_policy()
     pattern = torch.tensor([True, False, False, True, False, True, False, False])
-    monkeypatch.setattr(tt, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
+    monkeypatch.setattr(tiny_task, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
     args = tt.Args(max_new_tokens=24, group_size=4)
-    return onestep.one_step(model, tokenizer, args, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05, "cpu")
+    return onestep.one_step(model, tokenizer, args, tc, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05,
+                            "cpu")
 
 
 def test_one_step_is_deterministic_and_first_order(monkeypatch):
