@@ -10,8 +10,8 @@ each in its own module of lab/:
 6. Are long right answers underlearned, and long     failures.py: failure 1 in pairs, and both
    wrong ones under-penalised? (the two failures)    failures side by side
 Questions 0, 2 and 3 are asked of the starting policy, on the first held-out prompts, from fixed
-random streams. Statistics are in stats.py, saved runs in records.py, every picture in plots.py;
-every table title printed can be searched for in lab/.
+random streams. Statistics are in stats.py, saved runs in records.py, every picture in plots.py,
+the lecture's figures in lecture.py; every table title printed can be searched for in lab/.
 
     python -m lab --quick                       # train_tiny.py --quick, then every measurement
     python -m lab --seeds 0,1,2 --name readme   # the results table (any train_tiny argument)
@@ -22,6 +22,7 @@ every table title printed can be searched for in lab/.
     python -m lab sweep results/cscr-*.json --plot docs/cscr-sweep.png   # CSCR's claims
     python -m lab failures SAMPLE.json TOKEN.json ... --plot PATH   # the two length failures
     python -m lab merge results/NAME.json runs/NAME-s0 runs/NAME-s1   # seeds run one by one
+    python -m lab lecture-figures docs/lecture  # docs/lecture.md's figures, from results/
 """
 
 import argparse
@@ -32,7 +33,7 @@ from typing import List
 
 import tiny_task
 import train_tiny as tt
-from lab import compare, credit, cscr, failures, learning, onestep, plots, reach
+from lab import compare, credit, cscr, failures, learning, lecture, onestep, plots, reach
 from lab.records import load_run
 
 PROG = "python -m lab"
@@ -112,6 +113,15 @@ def knobs(argv: List[str]) -> dict:
     return {}
 
 
+def lecture_figures(argv: List[str]) -> None:
+    """python -m lab lecture-figures [DIR]: docs/lecture.md's figures (lecture.py)."""
+    parser = argparse.ArgumentParser(prog="python -m lab lecture-figures", description="Draw "
+                                     "docs/lecture.md's figures from results/ (SVG, the same "
+                                     "bytes each time) and print the numbers they show.")
+    parser.add_argument("dir", nargs="?", default=os.path.join(lecture.ROOT, "docs", "lecture"))
+    lecture.cmd_lecture_figures(parser.parse_args(argv).dir)
+
+
 def report(argv: List[str]) -> dict:
     """python -m lab report PATH... [--save DIR] [--curves DIR]: every table again, from
     runs/NAME folders or their compact copies results/NAME.json; --save DIR writes those compact
@@ -159,7 +169,7 @@ def report(argv: List[str]) -> dict:
 
 COMMANDS = {"report": report, "knobs": knobs, "compare": compare.compare, "sweep": cscr.sweep,
             "cscr-diagnose": cscr.diagnose_trained, "failures": failures.failures,
-            "merge": failures.merge}
+            "merge": failures.merge, "lecture-figures": lecture_figures}
 HELP = """usage: python -m lab [train_tiny.py's arguments] [--one-step-lr LR]
        python -m lab COMMAND [ARGUMENTS]
 COMMAND: {commands}
