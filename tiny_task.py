@@ -14,7 +14,7 @@ prompt, "Y" or "N": the conditions CSCR and OPSD score under.
 
 In this file: Task (every argument the starting policy depends on, checked when it is made), the
 problems and the demonstrator, the verifier, the tokenizer and the model, the supervised warm-up,
-and sampling. No RL and no tokencredit: that is train_tiny.py.
+and sampling and scoring the model's answers. No RL and no tokencredit: that is train_tiny.py.
 """
 
 import dataclasses

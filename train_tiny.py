@@ -1,7 +1,7 @@
 """train_tiny.py: RLVR with tokencredit's equations, on a task a 0.6 M-parameter model can learn.
 
-Top to bottom: the arguments and the presets, rollouts, train_step (rollout -> rewards ->
-advantages -> per-token credit -> K updates -> record), the held-out evaluation, main. The task
+Top to bottom: the arguments and the presets, set-up, rollouts, train_step (rollout -> rewards
+-> advantages -> per-token credit -> K updates -> record), the held-out evaluation, main. The task
 (adding 2 to 5 one-digit numbers by partial sums, "6+9+8=" -> "6+9=15,15+8=23>23<eos>"), its exact
 verifier, the model and the warm-up that makes a starting policy with habits RL can fix are in
 tiny_task.py; lab/ runs this loop with measures of its own (Measures) and measures more.
@@ -31,7 +31,7 @@ import tiny_task
 from tiny_task import Task, arg
 
 # -----------------------------------------------------------------------------
-# arguments, presets and set-up
+# arguments and presets
 
 
 def trl(name: str) -> dict:  # GRPOConfig's name of the same setting (TRL 1.16): a flag beside ours
@@ -210,6 +210,9 @@ def parse_args(argv=None):
     return base, runs, given
 
 
+# -----------------------------------------------------------------------------
+# set-up: whose tokencredit.py runs, its checks of a method, the device, what a caller measures
+
 def load_tokencredit(args: Args):
     """The tokencredit module a run computes with: --impl's file (or TOKENCREDIT_IMPL's), a
     student's, else this folder's."""
@@ -342,9 +345,10 @@ def collect_groups(args: Args, tc, sample_groups):
                                     args.max_sampling_rounds, filter_key="correct")
         return batch, dict(kept_frac=fill["groups_informative"] / fill["groups_seen"],
                            groups=fill["groups_kept"], rounds=fill["rounds"])
-    batch = sample_groups()  # every group trained on; kept_frac counts those with some right
-    correct = batch["correct"]  # and some wrong answers (not tc.informative_groups: a student's
-    mixed = correct.any(dim=1) & ~correct.all(dim=1)  # file trains GRPO without exercise 2)
+    batch = sample_groups()  # every group is trained on
+    # kept_frac counts the groups with some right and some wrong answers, here rather than with
+    # tc.informative_groups: a student's tokencredit.py trains GRPO before exercise 2
+    mixed = batch["correct"].any(dim=1) & ~batch["correct"].all(dim=1)  # (B,)
     return batch, dict(kept_frac=int(mixed.sum()) / args.prompts_per_step,
                        groups=args.prompts_per_step, rounds=1)
 
