@@ -12,9 +12,10 @@ slip by 1 or 2; 25% of its answers re-check a step (~8 tokens longer, right); 12
 48-token budget (truncated, wrong). A quarter of its demonstrations carry the verdict before the
 prompt, "Y" or "N": the conditions CSCR and OPSD score under.
 
-In this file: Task (every argument the starting policy depends on, checked when it is made), the
-problems and the demonstrator, the verifier, the tokenizer and the model, the supervised warm-up,
-and sampling and scoring the model's answers. No RL and no tokencredit: that is train_tiny.py.
+In this file: Task (every argument the starting policy depends on), the problems and the
+demonstrator, the verifier, the tokenizer and the model, the supervised warm-up, sampling and
+scoring the model's answers, and the set-up the scripts share (the Task's checks, the device,
+seeding). No RL and no tokencredit: that is train_tiny.py.
 """
 
 import dataclasses
@@ -62,32 +63,6 @@ class Task:
     warmup_batch: int = arg(64, "sequences per supervised step")
     warmup_lr: float = arg(2e-3, "learning rate of the warm-up")
     warmup_seed: int = arg(1234, "seed of the warm-up and of the held-out problems")
-
-    def __post_init__(self):  # a value out of range: a ValueError that names its flag
-        check_fields(self, lambda v: v >= 0, ">= 0", "warmup_steps")
-        check_fields(self, lambda v: v >= 1, ">= 1", "warmup_batch", "max_new_tokens", "n_layer",
-                     "n_embd", "n_head")
-        check_fields(self, lambda v: 0 <= v <= 1, "in [0, 1]", "misconception_rate",
-                     "long_misconception_rate", "slip_rate", "recheck_rate", "loop_rate")
-        check_fields(self, lambda v: v > 0, "> 0", "warmup_lr")
-        require(self.n_embd % self.n_head == 0, f"--n-embd must be a multiple of --n-head, got "
-                f"{self.n_embd} and {self.n_head}")
-        require(1 <= self.min_terms <= self.max_terms and self.max_value >= 1,
-                f"--min-terms, --max-terms and --max-value must satisfy 1 <= min <= max and "
-                f"1 <= max-value, got {self.min_terms}, {self.max_terms} and {self.max_value}")
-        conds = self.cond_pos + self.cond_neg
-        require(self.cond_pos != self.cond_neg and set(conds) <= set(CHARACTERS),
-                f"--cond-pos and --cond-neg must differ and use the tokenizer's characters "
-                f"{CHARACTERS}, got {self.cond_pos!r}, {self.cond_neg!r}")
-        prompt = len(max(self.cond_pos, self.cond_neg, key=len)) + self.max_terms * (
-            len(str(self.max_value)) + 1)
-        require(prompt + self.max_new_tokens + 1 <= POSITIONS, f"--max-new-tokens "
-                f"{self.max_new_tokens} leaves no room for a prompt of up to {prompt} tokens in "
-                f"the model's {POSITIONS} positions")
-        require(self.recheck_rate + self.loop_rate <= 1, f"--recheck-rate + --loop-rate must be "
-                f"<= 1, got {self.recheck_rate} + {self.loop_rate}")
-        require(all(0 <= d <= self.max_value for d in forgotten_addends(self)), f"--misconception "
-                f"must list addends in 0..max_value = {self.max_value}, got {self.misconception!r}")
 
 
 # -----------------------------------------------------------------------------
@@ -380,7 +355,33 @@ def score_by_length(model, tokenizer, problems, responses, mask, temperature: fl
 
 
 # -----------------------------------------------------------------------------
-# set-up: the Task's checks, transformers' chatter, seeding, and comma-separated lists
+# set-up: the Task's checks, the device, seeding, and comma-separated lists
+
+def check_task(t: Task) -> None:
+    """A ValueError, naming the flag, for any Task field out of range."""
+    check_fields(t, lambda v: v >= 0, ">= 0", "warmup_steps")
+    check_fields(t, lambda v: v >= 1, ">= 1", "warmup_batch", "max_new_tokens", "n_layer",
+                 "n_embd", "n_head")
+    check_fields(t, lambda v: 0 <= v <= 1, "in [0, 1]", "misconception_rate",
+                 "long_misconception_rate", "slip_rate", "recheck_rate", "loop_rate")
+    check_fields(t, lambda v: v > 0, "> 0", "warmup_lr")
+    require(t.n_embd % t.n_head == 0, f"--n-embd must be a multiple of --n-head, got "
+            f"{t.n_embd} and {t.n_head}")
+    require(1 <= t.min_terms <= t.max_terms and t.max_value >= 1,
+            f"--min-terms, --max-terms and --max-value must satisfy 1 <= min <= max and "
+            f"1 <= max-value, got {t.min_terms}, {t.max_terms} and {t.max_value}")
+    require(t.cond_pos != t.cond_neg and set(t.cond_pos + t.cond_neg) <= set(CHARACTERS),
+            f"--cond-pos and --cond-neg must differ and use the tokenizer's characters "
+            f"{CHARACTERS}, got {t.cond_pos!r}, {t.cond_neg!r}")
+    prompt = max(len(t.cond_pos), len(t.cond_neg)) + t.max_terms * (len(str(t.max_value)) + 1)
+    require(prompt + t.max_new_tokens + 1 <= POSITIONS, f"--max-new-tokens {t.max_new_tokens} "
+            f"leaves no room for a prompt of up to {prompt} tokens in the model's {POSITIONS} "
+            f"positions")
+    require(t.recheck_rate + t.loop_rate <= 1,
+            f"--recheck-rate + --loop-rate must be <= 1, got {t.recheck_rate} + {t.loop_rate}")
+    require(all(0 <= d <= t.max_value for d in forgotten_addends(t)), f"--misconception must "
+            f"list addends in 0..max_value = {t.max_value}, got {t.misconception!r}")
+
 
 def require(ok: bool, message: str) -> None:  # a check of the command line's arguments
     if not ok:
@@ -392,6 +393,24 @@ def check_fields(args, test, expected: str, *names: str) -> None:
     for name in names:
         value = getattr(args, name)
         require(test(value), f"--{name.replace('_', '-')} must be {expected}, got {value}")
+
+
+def pick_device(requested: str) -> torch.device:
+    """auto: CUDA if present, else Apple's MPS, else the CPU."""
+    available = dict(cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available(),
+                     cpu=True)
+    if requested == "auto":
+        requested = next(name for name, ok in available.items() if ok)
+    if not available[requested]:
+        raise ValueError(f"--device {requested} was asked for, but torch {torch.__version__} "
+                         f"finds no {requested.upper()} device here; use --device cpu or auto")
+    return torch.device(requested)
+
+
+def describe_device(device: torch.device, requested: str) -> str:  # every script prints this
+    what = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else f"{torch.get_num_threads()} threads")
+    return f"device: {device} (asked for {requested}), {what}"
 
 
 def quiet_transformers() -> None:  # no progress bars or config chatter between the log lines

@@ -89,7 +89,7 @@ class Args(Task):  # the task's arguments (tiny_task.Task), then the RL loop's
     distill_coef: float = arg(0.0, "weight of the self-distillation (OPSD) loss")
 
     def __post_init__(self):  # a bad value: one line that names its flag (the method's values:
-        super().__post_init__()  # tokencredit checks them, check_method)
+        tiny_task.check_task(self)  # tokencredit checks them, check_method)
         tiny_task.check_fields(self, lambda v: v >= 0, ">= 0", "steps", "micro_batches")
         tiny_task.check_fields(self, lambda v: v >= 1, ">= 1", "prompts_per_step", "eval_size",
                                "eval_every", "eval_samples", "log_every", "update_epochs",
@@ -211,7 +211,7 @@ def parse_args(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# set-up: whose tokencredit.py runs, its checks of a method, the device, what a caller measures
+# set-up: whose tokencredit.py runs, its checks of a method, what a caller measures
 
 def load_tokencredit(args: Args):
     """The tokencredit module a run computes with: --impl's file (or TOKENCREDIT_IMPL's), a
@@ -250,24 +250,6 @@ def check_method(a: Args, tc) -> None:
         tc.high_entropy_mask(ones, ones, a.entropy_top)
     if a.overlong_shaping:
         tc.overlong_penalty(ones[:, 0], a.max_new_tokens, a.overlong_cache)
-
-
-def pick_device(requested: str) -> torch.device:
-    """auto: CUDA if present, else Apple's MPS, else the CPU."""
-    available = dict(cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available(),
-                     cpu=True)
-    if requested == "auto":
-        requested = next(name for name, ok in available.items() if ok)
-    if not available[requested]:
-        raise ValueError(f"--device {requested} was asked for, but torch {torch.__version__} "
-                         f"finds no {requested.upper()} device here; use --device cpu or auto")
-    return torch.device(requested)
-
-
-def describe_device(device: torch.device, requested: str) -> str:  # every script prints this
-    what = (torch.cuda.get_device_name(device) if device.type == "cuda"
-            else f"{torch.get_num_threads()} threads")
-    return f"device: {device} (asked for {requested}), {what}"
 
 
 class Measures(NamedTuple):
@@ -565,8 +547,8 @@ def main(argv=None, measures: Measures = Measures()) -> dict:
     save_pretrained), and returns the results."""
     base, runs, given = parse_args(argv)
     tiny_task.quiet_transformers()
-    device = pick_device(base.device)
-    print(describe_device(device, base.device))
+    device = tiny_task.pick_device(base.device)
+    print(tiny_task.describe_device(device, base.device))
     print(f"tokencredit: {os.path.abspath(load_tokencredit(base).__file__)}")  # ours, or --impl's
     out_dir = os.path.join("runs", base.name)
     os.makedirs(out_dir, exist_ok=True)

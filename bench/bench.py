@@ -100,7 +100,7 @@ def parse_args(argv=None):
         parser.error(f"--device cuda was asked for, but torch.cuda.is_available() is False (torch "
                      f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use "
                      f"--device cpu or auto")
-    opt.requested = opt.device  # train_tiny.describe_device says what was asked for
+    opt.requested = opt.device  # tiny_task.describe_device says what was asked for
     opt.device = torch.device("cuda" if opt.device == "auto" and torch.cuda.is_available() else
                               "cpu" if opt.device == "auto" else opt.device)
     opt.skip = min(opt.skip, opt.updates - 1)  # keep at least one update to take the median of
@@ -174,7 +174,7 @@ def time_policy_loss(device, requested: str, N: int, T: int, repeats: int) -> fl
         ours.append(seconds(run_policy_loss))
         bare.append(seconds(run_bare_formula))
     t_ours, t_bare = statistics.median(ours), statistics.median(bare)
-    print(tt.describe_device(device, requested))
+    print(tiny_task.describe_device(device, requested))
     print(f"N={N} T={T}: policy_loss fwd+bwd {t_ours * 1e3:.1f} ms, bare formula fwd+bwd "
           f"{t_bare * 1e3:.1f} ms, ratio {t_ours / t_bare:.2f}x (median of {repeats}, "
           f"alternating; the two losses differ by {same:.1e})")
@@ -356,7 +356,7 @@ def main(argv=None):
         return dict(ratio=time_policy_loss(opt.device, opt.requested, *opt.shape, opt.repeats))
     import transformers
     tiny_task.quiet_transformers()
-    print(tt.describe_device(opt.device, opt.requested), flush=True)
+    print(tiny_task.describe_device(opt.device, opt.requested), flush=True)
     # train_tiny's grpo run, without its held-out evaluations inside the timed loop
     args = dataclasses.replace(tt.Args(), **tt.PRESETS["grpo"], steps=10 ** 9, eval_every=10 ** 9)
     # the warm-up: made once

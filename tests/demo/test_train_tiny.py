@@ -423,8 +423,8 @@ def test_the_saved_config_reruns_the_run_and_the_saved_policy_samples(tmp_path, 
 def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="--device cuda was asked for, but torch .* finds no CUDA device here"):
-        tt.pick_device("cuda")
-    assert tt.pick_device("auto").type in ("cpu", "mps")
+        tiny_task.pick_device("cuda")
+    assert tiny_task.pick_device("auto").type in ("cpu", "mps")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -60,7 +60,7 @@ def test_the_second_misconception_hand_worked():
     assert tiny_task.carry_steps("6+9=15,15+9=24>24", task) == (2, 2, 0, 0)
     assert tiny_task.carry_steps("6+9=15,15+9=14,14+8=2", task) == (2, 1, 0, 0)  # cut: not counted
     with pytest.raises(ValueError, match="--long-misconception-rate must be in"):
-        tiny_task.Task(long_misconception_rate=1.5)
+        tiny_task.check_task(tiny_task.Task(long_misconception_rate=1.5))
 
 
 def test_rollout_fix_fractions_hand_worked():
