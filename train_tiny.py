@@ -13,6 +13,7 @@ tiny_task.py; lab/ runs this loop with measures of its own (Measures) and measur
 """
 
 import argparse
+import copy
 import dataclasses
 import functools
 import importlib.util
@@ -140,7 +141,12 @@ NOT_GIVEN = object()  # a field's value before a flag or --config gives one
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help: each flag with its default; the presets' table as it is written."""
+    """--help: each flag once, with its default; the presets' table as it is written."""
+
+    def _format_action_invocation(self, action):  # --min-terms, not --min_terms beside it
+        shown = copy.copy(action)  # (HfArgumentParser accepts both spellings)
+        shown.option_strings = [o for o in action.option_strings if "_" not in o]
+        return super()._format_action_invocation(shown)
 
 
 def argument_parser() -> HfArgumentParser:

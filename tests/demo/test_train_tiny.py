@@ -336,6 +336,7 @@ def test_help_lists_each_flag_once():
     for f in dataclasses.fields(tt.Args):
         flag = "--" + f.name.replace("_", "-")
         assert len(re.findall(re.escape(flag) + r"[ ,\n]", text)) == 1, flag
+    assert not re.findall(r"--[a-z]+_", text)  # --min-terms alone, not --min_terms beside it
     assert text.count("--num-generations") == 1 and "(default: 8)" in text and "  dapo      " in help_text
 
 
