@@ -33,10 +33,11 @@ from typing import List
 
 import tiny_task
 import train_tiny as tt
-from lab import compare, credit, cscr, failures, learning, lecture, onestep, plots, reach
+from lab import compare, credit, cscr, failures, learning, onestep, plots, reach
 from lab.records import load_run
 
 PROG = "python -m lab"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def lab_options(argv: List[str]) -> tuple:
@@ -118,8 +119,10 @@ def lecture_figures(argv: List[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m lab lecture-figures", description="Draw "
                                      "docs/lecture.md's figures from results/ (SVG, the same "
                                      "bytes each time) and print the numbers they show.")
-    parser.add_argument("dir", nargs="?", default=os.path.join(lecture.ROOT, "docs", "lecture"))
-    lecture.cmd_lecture_figures(parser.parse_args(argv).dir)
+    parser.add_argument("dir", nargs="?", default=os.path.join(ROOT, "docs", "lecture"))
+    options = parser.parse_args(argv)
+    from lab import lecture  # here, not above: it imports tokencredit.py (a student's, in a handout)
+    lecture.cmd_lecture_figures(options.dir)
 
 
 def report(argv: List[str]) -> dict:
