@@ -121,7 +121,7 @@ def lecture_figures(argv: List[str]) -> None:
                                      "bytes each time) and print the numbers they show.")
     parser.add_argument("dir", nargs="?", default=os.path.join(ROOT, "docs", "lecture"))
     options = parser.parse_args(argv)
-    from lab import lecture  # here, not above: it imports tokencredit.py (a student's, in a handout)
+    from lab import lecture  # here: it imports tokencredit.py (in a handout, the student's)
     lecture.cmd_lecture_figures(options.dir)
 
 
