@@ -50,8 +50,10 @@ def lab_options(argv: List[str]) -> tuple:
 
 
 def save(results: dict, options) -> None:
-    """results.json again: what the lab measured, and its own option beside train_tiny's."""
-    results["config"]["one_step_lr"] = options.one_step_lr
+    """results.json again: what the lab measured, and its own option beside train_tiny's, in the
+    run's arguments and in each method's, where the lab's runs have always recorded it."""
+    for args in (results["config"], *results["methods"].values()):
+        args["one_step_lr"] = options.one_step_lr
     with open(os.path.join("runs", results["config"]["name"], "results.json"), "w") as f:
         json.dump(results, f, indent=1)
 
