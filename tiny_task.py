@@ -13,8 +13,9 @@ slip by 1 or 2; 25% of its answers re-check a step (~8 tokens longer, right); 12
 prompt, "Y" or "N": the conditions CSCR and OPSD score under.
 
 In this file: Task (every argument the starting policy depends on), the problems and the
-demonstrator, the verifier, the tokenizer and the model, the supervised warm-up, and sampling.
-No RL and no tokencredit: that is train_tiny.py.
+demonstrator, the verifier, the tokenizer and the model, the supervised warm-up, sampling and
+scoring the model's answers, and the set-up the scripts share (the Task's checks, the device,
+seeding). No RL and no tokencredit: that is train_tiny.py.
 """
 
 import dataclasses
@@ -29,10 +30,11 @@ import time
 from typing import List
 
 import torch
+from transformers.hf_argparser import HfArg
 
 
-def arg(default, help: str):  # a dataclass field with its --help text
-    return dataclasses.field(default=default, metadata=dict(help=help))
+def arg(default, help: str, **more):  # a field with its --help line, as HfArgumentParser reads it
+    return HfArg(default=default, help=help, **more)
 
 
 @dataclasses.dataclass
@@ -50,7 +52,8 @@ class Task:
     slip_rate: float = arg(0.08, "chance that any other step is off by 1 or 2")
     recheck_rate: float = arg(0.25, "chance it writes one step twice: a harmless ~8-token detour")
     loop_rate: float = arg(0.12, "chance it repeats one step until the budget: truncated, wrong")
-    max_new_tokens: int = arg(48, "generation budget L_max; longer responses are truncated")
+    max_new_tokens: int = arg(48, "generation budget L_max; longer responses are truncated",
+                              aliases=["--max_completion_length", "--max-completion-length"])
     cond_pos: str = arg("Y", "text before the prompt asserting 'correct' (CSCR's c+, OPSD)")
     cond_neg: str = arg("N", "text before the prompt asserting 'incorrect' (CSCR's c-)")
     n_layer: int = arg(3, "transformer blocks")
@@ -254,7 +257,7 @@ def load_or_warm_up(task: Task, device, runs_dir: str):
 
 
 # -----------------------------------------------------------------------------
-# sampling with a KV cache from left-padded prompts
+# sampling with a KV cache from left-padded prompts, and scoring what was sampled
 
 def prompt_texts(problems: List[List[int]], cond: str = "") -> List[str]:
     return [cond + render_problem(t) for t in problems]
@@ -306,6 +309,51 @@ def sample_tokens(model, ids, attention, max_new_tokens: int, greedy: bool, temp
     return torch.stack(tokens, dim=1), torch.stack(all_logits, dim=1)  # (n, T), (n, T, V)
 
 
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log pi(o_t | q, o_<t) of the sampled tokens, logits[t, o_t] - logsumexp_v logits[t, v]:
+    (N, T, V), (N, T) -> (N, T), in float32 whatever the logits' dtype (bf16 would lose the small
+    changes the clip looks at)."""
+    logits = logits.float()
+    picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (N, T)
+    return picked - torch.logsumexp(logits, dim=-1)  # (N, T)
+
+
+def score(model, tokenizer, problems, responses, mask, temperature: float, conds=("",),
+          need_logits=False):
+    """log pi(o_t | cond, q, o_<t) of the responses (n, T) under each condition, in one batched
+    forward, at the sampling temperature and with positions numbered from the attention mask, as
+    sample_tokens draws. Returns one (logp (n, T), logits (n, T, V) or None) per condition."""
+    n, T = responses.shape
+    texts = [text for cond in conds for text in prompt_texts(problems, cond)]
+    prompt_ids, prompt_attention = tokenize_prompts(tokenizer, texts, responses.device)  # (k n, P)
+    P, k = prompt_ids.shape[1], len(conds)
+    ids = torch.cat([prompt_ids, responses.repeat(k, 1)], dim=1)  # (k n, P + T)
+    attention = torch.cat([prompt_attention, mask.repeat(k, 1).long()], dim=1)
+    logits = model(input_ids=ids, attention_mask=attention,
+                   position_ids=mask_positions(attention)).logits
+    logits = logits[:, P - 1:P + T - 1] / temperature  # (k n, T, V): what each came from
+    logp = token_logprobs(logits, responses.repeat(k, 1))  # (k n, T)
+    return [(logp[i * n:(i + 1) * n], logits[i * n:(i + 1) * n] if need_logits else None)
+            for i in range(k)]
+
+
+def score_by_length(model, tokenizer, problems, responses, mask, temperature: float,
+                    micro_batches: int):
+    """score() with logits, on micro-batches of rows of similar length, each cut to its longest
+    response: the same log-probs with less work on padding. Returns logp (n, T), logits."""
+    T, lengths = responses.shape[1], mask.sum(dim=1)  # lengths (n,)
+    order, parts = lengths.argsort(), []  # rows from the shortest response to the longest
+    for rows in order.chunk(micro_batches):
+        width = max(1, int(lengths[rows].max()))
+        (logp, logits), = score(model, tokenizer, [problems[i] for i in rows.tolist()],
+                                responses[rows, :width], mask[rows, :width], temperature,
+                                need_logits=True)
+        parts.append((torch.nn.functional.pad(logp, (0, T - width)),  # (rows, T)
+                      torch.nn.functional.pad(logits, (0, 0, 0, T - width))))  # (rows, T, V)
+    inverse = order.argsort()  # back to the batch's order
+    return tuple(torch.cat(part)[inverse] for part in zip(*parts))
+
+
 # -----------------------------------------------------------------------------
 # set-up: the Task's checks, the device, seeding, and comma-separated lists
 
@@ -315,8 +363,7 @@ def check_task(t: Task) -> None:
     check_fields(t, lambda v: v >= 1, ">= 1", "warmup_batch", "max_new_tokens", "n_layer",
                  "n_embd", "n_head")
     check_fields(t, lambda v: 0 <= v <= 1, "in [0, 1]", "misconception_rate",
-                 "long_misconception_rate", "slip_rate",
-                 "recheck_rate", "loop_rate")
+                 "long_misconception_rate", "slip_rate", "recheck_rate", "loop_rate")
     check_fields(t, lambda v: v > 0, "> 0", "warmup_lr")
     require(t.n_embd % t.n_head == 0, f"--n-embd must be a multiple of --n-head, got "
             f"{t.n_embd} and {t.n_head}")

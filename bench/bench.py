@@ -129,7 +129,7 @@ class TinySide:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
         self.sample_groups = tt.sample_groups_fn(self.model, self.tokenizer, args,
                                                  tiny_task.ProblemStream(args, seed), device)
-        self.args, self.device, self.step = args, device, 0
+        self.args, self.device, self.step, self.tc = args, device, 0, tt.load_tokencredit(args)
 
     def update(self):
         """One train_step. Its generate and score parts end in host reads (decoding, .item());
@@ -138,7 +138,7 @@ class TinySide:
         self.step += 1
         sync(self.device)
         start = time.perf_counter()
-        rec = tt.train_step(self.step, self.args, self.model, None, self.optimizer,
+        rec = tt.train_step(self.step, self.args, self.tc, self.model, None, self.optimizer,
                             self.tokenizer, self.sample_groups, self.device)
         sync(self.device)
         total = time.perf_counter() - start
@@ -198,7 +198,7 @@ def make_trainer(args, ckpt, seed, updates, device, callbacks):
 @torch.no_grad()
 def position_error(trainer, fix, args, ckpt, seed, device):
     """Mean |log-prob difference| per response token between TRL's scoring forward and
-    train_tiny.score, on 16 x 8 responses sampled by train_tiny.rollout: (stock TRL, TRL with
+    tiny_task.score, on 16 x 8 responses sampled by train_tiny.rollout: (stock TRL, TRL with
     mask_positions)."""
     model, tokenizer = load(ckpt, device)
     model.eval()
@@ -206,7 +206,7 @@ def position_error(trainer, fix, args, ckpt, seed, device):
     problems = tiny_task.ProblemStream(args, seed + 1).next(args.prompts_per_step)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     flat, responses, mask = r.problems, r.responses, r.mask
-    reference = tt.score(model, tokenizer, args, flat, responses, mask)[0][0]
+    reference = tiny_task.score(model, tokenizer, flat, responses, mask, args.temperature)[0][0]
     texts = tiny_task.prompt_texts(flat)
     prompt_ids, prompt_mask = tiny_task.tokenize_prompts(tokenizer, texts, device)
     ids = torch.cat([prompt_ids, responses], 1)
@@ -256,7 +256,7 @@ def run_alternating(args, ckpt, opt, tiny):
     trainer, fix, lengths = make_trainer(args, ckpt, opt.seed, opt.updates, opt.device,
                                          [Alternate()])
     stock, fixed = position_error(trainer, fix, args, ckpt, opt.seed, opt.device)
-    print(f"positions: TRL's log-probs differ from train_tiny.score's by {stock:.3f} nats per "
+    print(f"positions: TRL's log-probs differ from tiny_task.score's by {stock:.3f} nats per "
           f"token as shipped, by {fixed:.1e} with tokencredit_trl.mask_positions "
           f"({'not ' if opt.stock_positions else ''}used below)")
     if not opt.stock_positions:

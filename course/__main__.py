@@ -298,15 +298,12 @@ def main(argv=None) -> None:
     answers.set_defaults(run=lambda a: later("handout").cmd_answers(a.file))
     commands.add_parser("selfcheck", help="check the grader: reference, blank, planted mistakes, "
                         "handouts").set_defaults(run=lambda a: later("selfcheck").cmd_selfcheck())
-    figures = commands.add_parser("lecture-figures", help="draw docs/lecture.md's figures from "
-                                  "results/ (SVG, the same bytes each time)")
-    figures.add_argument("dir", nargs="?", default=os.path.join(ROOT, "docs", "lecture"))
-    figures.set_defaults(run=lambda a: later("lecture").cmd_lecture_figures(a.dir))
     commands.add_parser("notebook", help="write course/notebook.ipynb from course/notebook.py"
                         ).set_defaults(run=lambda a: later("ipynb").cmd_notebook())
     args = parser.parse_args(argv)
-    repo_only = ("handout", "plants", "selfcheck", "lecture-figures", "notebook", "gradescope")
-    if args.command in repo_only and not os.path.exists(os.path.join(ROOT, "course", "lecture.py")):
+    repo_only = ("handout", "plants", "selfcheck", "notebook", "gradescope")
+    in_repository = os.path.exists(os.path.join(ROOT, "course", "selfcheck.py"))  # no handout's
+    if args.command in repo_only and not in_repository:
         raise SystemExit(f"course: {args.command} is the instructors'; run it in the repository")
     args.run(args)
 

@@ -116,15 +116,13 @@ if QUICK:  # a 1-layer model, 4 warm-up steps, 2 updates of 2 groups of 2
 run(sys.executable, "train_tiny.py", *demo, cwd=HANDOUT)
 
 # %% [markdown]
-# Its curves, drawn by the lab's `plot_curves` from the run's `metrics.jsonl`: held-out accuracy,
-# answer lengths, truncated rollouts, entropy, informative groups (`python -m lab report
-# runs/notebook --curves DIR` draws the same, after the run's tables).
+# Its tables and curves, which the lab's `report` reads from the run's files: held-out accuracy,
+# answer lengths, truncated rollouts, entropy, informative groups.
 
 # %%
-RUN = os.path.join(HANDOUT, "runs", "notebook")
-CURVES = os.path.join(RUN, "notebook-curves.png")
-run(sys.executable, "-c", "import sys; from lab import plots, records; "
-    "plots.plot_curves(records.load_run(sys.argv[1]), sys.argv[2])", RUN, CURVES, cwd=HANDOUT)
+RUN = os.path.join("runs", "notebook")
+CURVES = os.path.join(HANDOUT, RUN, "notebook-curves.png")  # --curves DIR draws DIR/NAME-curves.png
+run(sys.executable, "-m", "lab", "report", RUN, "--curves", RUN, cwd=HANDOUT)
 if "get_ipython" in globals():  # Jupyter or Colab: IPython puts it in a notebook's namespace
     from IPython.display import Image, display
     display(Image(filename=CURVES))

@@ -33,33 +33,33 @@ def token_classes(tokenizer, responses: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def diagnose(model, tokenizer, args, problems, strength: float, device):
+def diagnose(model, tokenizer, args, tc, problems, strength: float, device):
     """Sample G responses per problem from the starting policy and score them under c+ and c-:
     do the two assertions push each token class the same way, and what weight does CSCR give
-    it? Returns (diagnosis dict, data for the credit picture)."""
+    it (tc: the run's tokencredit)? Returns (diagnosis dict, data for the credit picture)."""
     tiny_task.seed_everything(args.warmup_seed + DIAGNOSIS_STREAM)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     mask = r.mask
-    (logp, logits), (logp_pos, _), (logp_neg, _) = tt.score(
-        model, tokenizer, args, r.problems, r.responses, mask, ("", args.cond_pos, args.cond_neg),
-        need_logits=True)
-    d_pos, d_neg = tt.tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
-    sensitivity = tt.tc.counterfactual_sensitivity(d_pos, d_neg)
+    (logp, logits), (logp_pos, _), (logp_neg, _) = tiny_task.score(
+        model, tokenizer, r.problems, r.responses, mask, args.temperature,
+        ("", args.cond_pos, args.cond_neg), need_logits=True)
+    d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
+    sensitivity = tc.counterfactual_sensitivity(d_pos, d_neg)
     classes = token_classes(tokenizer, r.responses).to(device)
     correct = r.correct.to(device)
-    weights = tt.tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)
-    entropy = tt.tc.token_entropy(logits)  # (N, T): the other bet on which tokens matter
-    keep = tt.tc.high_entropy_mask(entropy, mask, ENTROPY_TOP).bool()
-    sensitive = tt.tc.high_entropy_mask(sensitivity, mask, ENTROPY_TOP).bool()  # top 20 % by s
+    weights = tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)
+    entropy = tc.token_entropy(logits)  # (N, T): the other bet on which tokens matter
+    keep = tc.high_entropy_mask(entropy, mask, ENTROPY_TOP).bool()
+    sensitive = tc.high_entropy_mask(sensitivity, mask, ENTROPY_TOP).bool()  # top 20 % by s
     correlation = torch.corrcoef(torch.stack([entropy[mask], sensitivity[mask]]))[0, 1]
-    result = dict(all=tt.tc.shift_diagnostics(d_pos, d_neg, mask), by_class={}, by_outcome={},
+    result = dict(all=tc.shift_diagnostics(d_pos, d_neg, mask), by_class={}, by_outcome={},
                   strength=strength, responses=len(r.problems),
                   entropy_sensitivity_correlation=float(correlation),
                   top_entropy_also_top_sensitivity=float((keep & sensitive).sum()
                                                          / keep.sum().clamp(min=1)))
     for k, name in enumerate(CLASSES):
         in_class = mask & (classes == k)
-        entry = tt.tc.shift_diagnostics(d_pos, d_neg, in_class)
+        entry = tc.shift_diagnostics(d_pos, d_neg, in_class)
 
         def mean_in(x):
             return float(x[in_class].float().mean()) if in_class.any() else float("nan")
@@ -67,16 +67,17 @@ def diagnose(model, tokenizer, args, problems, strength: float, device):
                      top_entropy=mean_in(keep))
         result["by_class"][name] = entry
     for name, rows in (("correct", correct), ("wrong", ~correct)):
-        result["by_outcome"][name] = tt.tc.shift_diagnostics(d_pos, d_neg, mask & rows[:, None])
+        result["by_outcome"][name] = tc.shift_diagnostics(d_pos, d_neg, mask & rows[:, None])
     picture = dict(responses=r.responses.cpu(), mask=mask.cpu(), weights=weights.cpu(),
                    correct=correct.cpu(), sensitivity=sensitivity.cpu())
     return result, picture
 
 
-def report_diagnosis(model, tokenizer, args, problems, strength: float, device, out_dir) -> dict:
+def report_diagnosis(model, tokenizer, args, tc, problems, strength: float, device,
+                     out_dir) -> dict:
     """On the first 32 held-out prompts: prints the table, draws credit.png."""
-    diagnosis, picture = diagnose(model, tokenizer, args, problems[:32], strength, device)
-    diagnosis["credit_png"] = plots.plot_credit(picture, tokenizer, strength,
+    diagnosis, picture = diagnose(model, tokenizer, args, tc, problems[:32], strength, device)
+    diagnosis["credit_png"] = plots.plot_credit(picture, tokenizer, tc, strength,
                                                 os.path.join(out_dir, "credit.png"))
     print("\n" + format_diagnosis(diagnosis))
     return diagnosis

@@ -20,6 +20,8 @@ import json
 import os
 from typing import Dict, List
 
+import torch
+
 import tiny_task
 import train_tiny as tt
 from lab import credit, plots
@@ -136,13 +138,13 @@ def format_sweep(rows: list) -> str:
 # -----------------------------------------------------------------------------
 # claim 4: the diagnosis, on the starting policy and after training at strength 1
 
-def diagnose(model, tokenizer, args, problems, strength: float, device) -> dict:
+def diagnose(model, tokenizer, args, tc, problems, strength: float, device) -> dict:
     """credit.diagnose, and for each token class its share of all tokens and of the top 20 % of
     tokens by sensitivity: where the largest shifts sit."""
-    result, picture = credit.diagnose(model, tokenizer, args, problems, strength, device)
+    result, picture = credit.diagnose(model, tokenizer, args, tc, problems, strength, device)
     mask = picture["mask"]
     classes = credit.token_classes(tokenizer, picture["responses"])
-    top = tt.tc.high_entropy_mask(picture["sensitivity"], mask, credit.ENTROPY_TOP).bool()
+    top = tc.high_entropy_mask(picture["sensitivity"], mask, credit.ENTROPY_TOP).bool()
     for k, name in enumerate(credit.CLASSES):
         in_class = mask & (classes == k)
         result["by_class"][name]["shares"] = (float(in_class.sum() / mask.sum()),
@@ -165,16 +167,16 @@ def diagnose_trained(argv: List[str]) -> dict:
     args = dataclasses.replace(tt.Args(), **{**tt.PRESETS["cscr"], "cscr_strength": a.strength,
                                              "warmup_seed": a.warmup_seed})
     tiny_task.quiet_transformers()
-    device = tiny_task.pick_device("cpu")
+    device, tc = torch.device("cpu"), tt.load_tokencredit(args)
     model, tokenizer, start_path = tiny_task.load_or_warm_up(args, device, "runs")
     held_out = tt.held_out_problems(args)
     problems = held_out[:32]
     out = dict(warmup_seed=a.warmup_seed, seed=a.seed, strength=a.strength)
-    out["start"] = diagnose(model, tokenizer, args, problems, a.strength, device)
+    out["start"] = diagnose(model, tokenizer, args, tc, problems, a.strength, device)
     with open(os.devnull, "w") as log:
         history, _, trained = tt.train_method("cscr", args, a.seed, start_path, tokenizer,
                                               held_out, device, log)
-    out["trained"] = diagnose(trained, tokenizer, args, problems, a.strength, device)
+    out["trained"] = diagnose(trained, tokenizer, args, tc, problems, a.strength, device)
     out["trained_accuracy"] = history[-1]["eval_accuracy"]
     path = os.path.join(a.save, f"ws{a.warmup_seed}.json")
     os.makedirs(a.save, exist_ok=True)

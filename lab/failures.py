@@ -8,6 +8,8 @@ primary measure, fixed before the runs, is the held-out sampled accuracy where i
 Failure 2, long detours under-penalised: are long wrong answers pushed down? The truncated
 fraction over updates 1-10 and the wrong-answer length over the run (question 4's measures).
 Stability, not verbosity: the entropy and the right-answer length over the run.
+Failure 1's measures are taken during training: MEASURES, which every python -m lab run hands to
+train_tiny's loop, adds them to each update's record and each held-out evaluation.
 
     python -m lab failures BASE OTHER [BASE OTHER ...] [--plot PATH]   # the table, the picture
     python -m lab merge results/NAME.json runs/NAME-s0 runs/NAME-s1 ...  # one run from its seeds
@@ -19,6 +21,10 @@ import math
 import os
 from typing import List
 
+import torch
+
+import tiny_task
+import train_tiny as tt
 from lab import compare, plots
 from lab.records import load_run, seed_run
 from lab.stats import mean_of, paired_stats
@@ -27,6 +33,51 @@ EARLY_EVALS = ("10", "20", "30")  # "early": the mean of these held-out evaluati
 SPREAD = 20  # "updates 1-20": how fast a misconception's fix spreads in the rollouts
 NEGLIGIBLE = 0.02  # failure 1 does not hold if its interval lies within +- this (fixed in advance)
 
+
+# -----------------------------------------------------------------------------
+# failure 1's measures, taken while train_tiny trains
+
+def is_long(num_terms, args) -> bool:
+    """More numbers than the middle of the task's range (4 or 5 of 2-5): a problem whose answer
+    is long. num_terms: an int, or a tensor of them."""
+    return num_terms * 2 > args.min_terms + args.max_terms
+
+
+def fix_fractions(args, batch: dict, texts: List[str]) -> dict:
+    """Of the steps where a misconception applies in the update's rollouts, the fraction written
+    right: the first's in answers to short and to long problems (is_long), the second's
+    (--long-misconception-rate), all in long answers."""
+    carries = torch.tensor([tiny_task.carry_steps(text, args) for text in texts]).float()  # (N, 4)
+    long = is_long((batch["terms"] >= 0).sum(dim=1), args)  # (B,)
+    long = long[:, None].expand(batch["correct"].shape).flatten()  # (N,)
+
+    def done_right(rows, k):  # carries: met, right for the first; met, right for the second
+        met = carries[rows, 2 * k].sum()
+        return float(carries[rows, 2 * k + 1].sum() / met) if met else float("nan")
+    return dict(fix_short=done_right(~long, 0), fix_long=done_right(long, 0),
+                fix_long_misconception=done_right(slice(None), 1))
+
+
+def accuracy_by_length(args, problems, greedy, sampled) -> dict:
+    """Held-out accuracy on short problems (sampled), on long ones, and where the second
+    misconception applies (greedy and sampled)."""
+    groups = dict(long=[is_long(len(t), args) for t in problems],
+                  long_misconception=[tiny_task.meets_long_misconception(t, args)
+                                      for t in problems])
+
+    def mean(xs, among, where=True):  # where `among` is `where`
+        xs = [x for x, m in zip(xs, among) if m == where]
+        return sum(xs) / len(xs) if xs else float("nan")
+    return dict(sampled_accuracy_short=mean(sampled, groups["long"], False),
+                **{f"{what}_{name}": mean(xs, among) for name, among in groups.items()
+                   for what, xs in (("accuracy", greedy), ("sampled_accuracy", sampled))})
+
+
+MEASURES = tt.Measures(rollouts=fix_fractions, evaluation=accuracy_by_length)
+
+
+# -----------------------------------------------------------------------------
+# the failures, read in pairs
 
 def evals_mean(key: str, steps):  # (run record) -> the mean of a held-out measure at steps
     return lambda r: mean_of([r["evals"].get(s, {}).get(key) for s in steps])

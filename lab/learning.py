@@ -3,7 +3,6 @@ statistics, and the one-knob runs: the grpo preset with one thing changed."""
 
 from typing import Dict, List
 
-import train_tiny as tt
 from lab.records import methods_of, summarise_run
 from lab.stats import mean_of, mean_std, number
 
@@ -101,20 +100,6 @@ KNOBS = [  # (row label, saved run, method in it, train_tiny arguments of that r
     ("entropy mask, top 20 % (`--methods entropy80`)", "knob-entropy80", "entropy80",
      "--methods entropy80"),
 ]
-
-
-def run_knobs(argv: List[str]) -> dict:
-    """Each knob's run, with the extra arguments given (--seeds 0,1,2 for the committed ones)."""
-    if "-h" in argv or "--help" in argv:
-        print("usage: python -m lab knobs [train_tiny arguments, e.g. --seeds 0,1,2]\n\nTrains "
-              "each run of the one-knob table into runs/NAME\n(python -m lab report runs/readme "
-              "runs/knob-* prints the table):\n" + "\n".join(
-                  f"  {name:<22} {knob}" for _, name, _, knob in KNOBS if knob))
-        return {}
-    for _, name, _, knob in KNOBS:
-        if knob is not None:
-            tt.main(knob.split() + ["--name", name] + argv)
-    return {}
 
 
 def format_knobs(runs: Dict[str, dict]) -> str:

@@ -16,7 +16,7 @@ LENGTH_BUCKETS = (("short (<= 15 tokens)", 0, 15), ("medium (16-29)", 16, 29),
                   ("long (>= 30)", 30, 10 ** 9))
 
 
-def one_step(model, tokenizer, args, problems, strength: float, lr: float, device) -> dict:
+def one_step(model, tokenizer, args, tc, problems, strength: float, lr: float, device) -> dict:
     """One rollout batch from the starting policy; from the same weights and the same GRPO
     advantages, one plain SGD step (theta -= lr * grad) per weighting, and each token's change
     Delta_{i,t} = log pi_new(o_t) - log pi_old(o_t).
@@ -24,22 +24,23 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     SGD, not Adam, so that the raw gradient acts; lr small, so that the step is first order
     ("sample, lr/2" checks it). On-policy the gradient w.r.t. logp_{i,t} is -w_{i,t} A_{i,t}, so
     Delta is that credit times how much log pi(o_t) responds to the parameters, summed over every
-    token's push. Returns Delta (N, T) keyed by weighting, and the batch it was measured on.
+    token's push. tc: the tokencredit module the run uses. Returns Delta (N, T) keyed by
+    weighting, and the batch it was measured on.
     """
     tiny_task.seed_everything(args.warmup_seed + ONE_STEP_STREAM)
     r = tt.rollout(model, tokenizer, args, problems, args.group_size, False, device)
     correct, mask, G = r.correct.to(device), r.mask, args.group_size  # (N,), (N, T)
     rewards = torch.where(correct, args.reward_correct, args.reward_wrong).float().view(-1, G)
-    advantages = tt.tc.group_advantages(rewards, scale="std").flatten().to(device)  # (N,)
+    advantages = tc.group_advantages(rewards, scale="std").flatten().to(device)  # (N,)
     with torch.no_grad():
-        (logp, logits), (logp_pos, _), (logp_neg, _) = tt.score(
-            model, tokenizer, args, r.problems, r.responses, mask,
+        (logp, logits), (logp_pos, _), (logp_neg, _) = tiny_task.score(
+            model, tokenizer, r.problems, r.responses, mask, args.temperature,
             ("", args.cond_pos, args.cond_neg), need_logits=True)
-    sensitivity = tt.tc.counterfactual_sensitivity(*tt.tc.counterfactual_shifts(logp, logp_pos,
-                                                                            logp_neg, mask))
-    cscr = tt.tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)  # (N, T)
-    keep = tt.tc.high_entropy_mask(tt.tc.token_entropy(logits), mask, ENTROPY_TOP)  # (N, T)
-    settings = [(mode, mode, advantages, lr, "token") for mode in tt.tc.AGGREGATION_MODES]
+    sensitivity = tc.counterfactual_sensitivity(*tc.counterfactual_shifts(logp, logp_pos,
+                                                                          logp_neg, mask))
+    cscr = tc.cscr_weights(sensitivity, mask, strength, args.cscr_threshold)  # (N, T)
+    keep = tc.high_entropy_mask(tc.token_entropy(logits), mask, ENTROPY_TOP)  # (N, T)
+    settings = [(mode, mode, advantages, lr, "token") for mode in tc.AGGREGATION_MODES]
     settings += [(f"cscr {strength:g}", "sample", advantages[:, None] * cscr, lr,
                   "token"),
                  (f"entropy top {ENTROPY_TOP:g}", "sample",
@@ -50,17 +51,19 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
     delta = {}
     for name, mode, token_adv, step_lr, ratio_level in settings:
         model.load_state_dict(start)
-        (before, _), = tt.score(model, tokenizer, args, r.problems, r.responses, mask)
-        loss, _ = tt.tc.policy_loss(before, before.detach(), token_adv, mask, mode=mode,
-                                  group_size=G, max_len=args.max_new_tokens,
-                                  ratio_level=ratio_level)
+        (before, _), = tiny_task.score(model, tokenizer, r.problems, r.responses, mask,
+                                       args.temperature)
+        loss, _ = tc.policy_loss(before, before.detach(), token_adv, mask, mode=mode,
+                                 group_size=G, max_len=args.max_new_tokens,
+                                 ratio_level=ratio_level)
         model.zero_grad(set_to_none=True)
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
                 if p.grad is not None:
                     p -= step_lr * p.grad  # plain SGD
-            (after, _), = tt.score(model, tokenizer, args, r.problems, r.responses, mask)
+            (after, _), = tiny_task.score(model, tokenizer, r.problems, r.responses, mask,
+                                          args.temperature)
         delta[name] = torch.where(mask, after - before.detach(), 0.0).cpu()  # (N, T)
     model.load_state_dict(start)
     model.zero_grad(set_to_none=True)
@@ -69,10 +72,11 @@ def one_step(model, tokenizer, args, problems, strength: float, lr: float, devic
                 sensitivity=sensitivity.cpu(), strength=strength, lr=lr)
 
 
-def report_one_step(model, tokenizer, args, problems, strength: float, device, out_dir) -> dict:
+def report_one_step(model, tokenizer, args, tc, problems, strength: float, lr: float, device,
+                    out_dir) -> dict:
     """On the first prompts_per_step held-out prompts: prints the table, draws onestep.png."""
-    step = one_step(model, tokenizer, args, problems[:args.prompts_per_step], strength,
-                    args.one_step_lr, device)
+    step = one_step(model, tokenizer, args, tc, problems[:args.prompts_per_step], strength, lr,
+                    device)
     table = one_step_table(step)
     print("\n" + format_one_step(table))
     plots.plot_one_step(step, table, sample_over_token(step), tokenizer,

@@ -9,7 +9,6 @@ from typing import List
 
 import torch
 
-import train_tiny as tt
 from lab.records import method_args, methods_of, seed_run
 from lab.stats import mean_of
 
@@ -133,7 +132,7 @@ def plot_one_step(step: dict, table: dict, ratios: tuple, tokenizer, path: str) 
     plt.close(fig)
 
 
-def plot_credit(picture: dict, tokenizer, strength: float, path: str) -> dict:
+def plot_credit(picture: dict, tokenizer, tc, strength: float, path: str) -> dict:
     """credit.png: each token of a short and a long sampled response, shaded by its share of the
     loss weight under "sample", "token" and CSCR (the credit is that share times A). Returns the
     two responses' lengths and each weighting's share of the loss weight per response."""
@@ -145,9 +144,9 @@ def plot_credit(picture: dict, tokenizer, strength: float, path: str) -> dict:
                   else torch.ones(N, dtype=torch.bool))
     rows = [int(lengths.masked_fill(~candidates, 10 ** 9).argmin()),
             int(lengths.masked_fill(~candidates, -1).argmax())]
-    shares = {'"sample" (GRPO)': tt.tc.token_weights(mask, "sample"),
-              '"token" (DAPO / verl / TRL)': tt.tc.token_weights(mask, "token"),
-              f'CSCR, strength {strength:g} (on "sample")': tt.tc.token_weights(mask, "sample")
+    shares = {'"sample" (GRPO)': tc.token_weights(mask, "sample"),
+              '"token" (DAPO / verl / TRL)': tc.token_weights(mask, "token"),
+              f'CSCR, strength {strength:g} (on "sample")': tc.token_weights(mask, "sample")
               * weights}
     vmax = max(float(w[rows].max()) for w in shares.values())
     width = int(lengths.max())

@@ -67,13 +67,27 @@ def test_rollout_fix_fractions_hand_worked():
     """Two groups of two answers: a 2-number problem (short) and a 5-number one (long)."""
     args = tt.Args(long_misconception_rate=0.6)
     batch = dict(terms=torch.tensor([[6, 9, -1, -1, -1], [6, 7, 8, 9, 1]]),
-                 correct=torch.tensor([[True, False], [True, False]]),
-                 complete=torch.ones(2, 2, dtype=torch.bool), detour=torch.zeros(2, 2, dtype=torch.bool),
-                 carries=torch.tensor([[[1, 1, 0, 0], [1, 0, 0, 0]],      # short: 1 of 2 right
-                                       [[1, 1, 2, 2], [1, 1, 2, 0]]]))    # long: 2 of 2; 2 of 4
-    stats = tt.rollout_stats(batch, torch.ones(4, 3, dtype=torch.bool), args)
+                 correct=torch.tensor([[True, False], [True, False]]))
+    texts = ["6+9=15>15", "6+9=5>5", "6+7=13,13+8=21,13+8=21,21+9=30,30+1=31>31",
+             "6+7=13,13+8=11,13+8=11,11+9=20,20+1=21>21"]
+    assert [tiny_task.carry_steps(text, args) for text in texts] == [
+        (1, 1, 0, 0), (1, 0, 0, 0),   # short: 1 of 2 right
+        (1, 1, 2, 2), (1, 1, 2, 0)]   # long: 2 of 2; 2 of 4
+    stats = failures.fix_fractions(args, batch, texts)
     assert (stats["fix_short"], stats["fix_long"], stats["fix_long_misconception"]) == (0.5, 1.0, 0.5)
-    assert tt.is_long(batch["terms"], args).tolist() == [False, True]  # 4-5 of 2-5 numbers
+    assert failures.is_long((batch["terms"] >= 0).sum(dim=1), args).tolist() == [False, True]  # 4-5 of 2-5
+    assert [failures.is_long(n, args) for n in (2, 3, 4, 5)] == [False, False, True, True]
+
+
+def test_held_out_accuracy_by_length_hand_worked():
+    """Four problems: short (2 numbers) or long (4-5), and whether the second misconception applies
+    (13+8 in 6+7+8+... is a carry into a two-digit sum; 6+9+9's 15+9 is the first's)."""
+    args = tt.Args(long_misconception_rate=0.6)
+    problems = [[6, 9], [1, 2], [6, 7, 8, 1], [6, 9, 9, 1, 1]]
+    assert [tiny_task.meets_long_misconception(t, args) for t in problems] == [False, False, True, False]
+    got = failures.accuracy_by_length(args, problems, [True, False, True, False], [1.0, 0.5, 0.25, 0.75])
+    assert got == dict(sampled_accuracy_short=0.75, accuracy_long=0.5, sampled_accuracy_long=0.5,
+                       accuracy_long_misconception=1.0, sampled_accuracy_long_misconception=0.25)
 
 
 def made_run(name, loss_mode, late, entropy, wrong_length, seeds=(0, 1, 2)):

@@ -1,10 +1,12 @@
 """lab/onestep.py: what one plain-SGD step does under each weighting, on an untrained tiny policy."""
 
 
+import json
+
 import pytest
 import torch
 
-from lab import onestep
+from lab import cli, onestep
 import tokencredit as tc
 import tiny_task
 import train_tiny as tt
@@ -23,9 +25,10 @@ def one_step_on_tiny_policy(monkeypatch, strength=1.0):
     """onestep.one_step on an untrained 1-layer model whose verdicts are fixed by hand (its answers are noise)."""
     model, tokenizer = tiny_policy()
     pattern = torch.tensor([True, False, False, True, False, True, False, False])
-    monkeypatch.setattr(tt, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
+    monkeypatch.setattr(tiny_task, "verify_all", lambda problems, texts, complete: pattern.repeat(len(texts) // 8))
     args = tt.Args(max_new_tokens=24, group_size=4)
-    return onestep.one_step(model, tokenizer, args, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05, "cpu")
+    return onestep.one_step(model, tokenizer, args, tc, [[1, 2], [3, 4, 5], [6, 7], [8, 9, 1, 2]], strength, 0.05,
+                            "cpu")
 
 
 def test_one_step_is_deterministic_and_first_order(monkeypatch):
@@ -56,3 +59,18 @@ def test_one_step_cscr_at_strength_zero_is_grpo_exactly(monkeypatch):
     assert not torch.equal(one_step_on_tiny_policy(monkeypatch, strength=2.0)["delta"]["cscr 2"], step["delta"]["sample"])
 
 
+
+
+def test_the_lab_records_its_learning_rate_where_its_runs_always_did(tmp_path, monkeypatch):
+    """--one-step-lr is the lab's own option, not train_tiny's: the lab writes it into the run's
+    arguments and each method's, as results.json has held it since the lab began."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    options, rest = cli.lab_options(["--steps", "3", "--one-step-lr", "0.03"])
+    assert rest == ["--steps", "3"]
+    cli.save(dict(config=dict(name="x"), methods=dict(grpo={}, dapo={})), options)
+    saved = json.loads((tmp_path / "runs" / "x" / "results.json").read_text())
+    assert [saved["config"]["one_step_lr"], saved["methods"]["grpo"]["one_step_lr"],
+            saved["methods"]["dapo"]["one_step_lr"]] == [0.03, 0.03, 0.03]
+    with pytest.raises(ValueError, match="--one-step-lr must be > 0, got 0.0"):
+        cli.lab_options(["--one-step-lr", "0"])

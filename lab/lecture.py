@@ -22,7 +22,7 @@ GROUP = (("no habit", "6+9=15,15+8=23>23", True),
          ("misconception", "6+9=5,5+8=13>13", True),
          ("re-check", "6+9=15,6+9=15,15+8=23>23", True),
          ("loop", ",".join(["6+9=15"] * 7)[:48], False))  # cut at the 48-token budget
-# the README's paired table: (label, BASE, OTHER) in results/, and the measure drawn
+# the paired runs (python -m lab compare): (label, BASE, OTHER) in results/, and the measure drawn
 PAIRS = (("default task", "paired-sample", "paired-token"),
          ("--loop-rate 0.3", "paired-loops-sample", "paired-loops-token"),
          ("--warmup-seed 7", "paired-ws7-sample", "paired-ws7-token"))
@@ -59,7 +59,7 @@ def sample_token_weights(ax) -> str:
 
 
 def paired_effect(ax) -> str:
-    """b. Token minus sample, seed by seed, with the mean's 95 % t-interval: the README's table."""
+    """b. Token minus sample, seed by seed, with the mean's 95 % t-interval: the paired runs."""
     said = []
     for y, (label, base, other) in enumerate(PAIRS):
         p = compare.paired(*(records.load_side(os.path.join(RESULTS, name + ".json"))

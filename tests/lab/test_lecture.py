@@ -1,4 +1,4 @@
-"""The lecture (docs/lecture.md) held to the repository: its figures are what `python -m course
+"""The lecture (docs/lecture.md) held to the repository: its figures are what `python -m lab
 lecture-figures` draws now from results/ and tokencredit.py, byte for byte; every figure it shows
 exists; its sections add up to 75 minutes, each with a point, an equation, a figure, a question
 and an answer the handout's instructors-only rule strips; and the figures show hand-worked numbers.
@@ -14,8 +14,8 @@ import matplotlib
 import pytest
 
 import tiny_task
-from course.__main__ import main
-from course.lecture import FIGURES, GROUP, PROMPT
+from lab.cli import main
+from lab.lecture import FIGURES, GROUP, PROMPT
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
@@ -50,7 +50,7 @@ def test_committed_figures_are_what_the_command_draws_now(drawn):
         with open(out / name, "rb") as new, open(os.path.join(DOCS, "lecture", name), "rb") as old:
             assert new.read() == old.read(), (
                 f"docs/lecture/{name} is not what the results give now: run "
-                "python -m course lecture-figures docs/lecture and commit it")
+                "python -m lab lecture-figures docs/lecture and commit it")
 
 
 def sections() -> list:
