@@ -89,7 +89,7 @@ def test_the_figures_show_hand_worked_numbers(drawn):
     assert a.startswith("lengths 18 16 25 48;")
     assert "sample: per token 0.01389, 0.01562, 0.01000, 0.00521; share 0.250" in a
     assert "token: per token 0.00935, 0.00935, 0.00935, 0.00935; share 0.168, 0.150, 0.234, 0.449" in a
-    # b. the README's paired table, wrong-answer length over updates 1-60
+    # b. docs/lab.md's paired table, wrong-answer length over updates 1-60
     assert said["paired-effect.svg"] == (
         "default task: -0.54 [-0.83, -0.26], 10 of 10 seeds lower; --loop-rate 0.3: -0.63 "
         "[-0.89, -0.37], 9 of 10 seeds lower; --warmup-seed 7: -0.72 [-0.91, -0.52], 6 of 6 "
