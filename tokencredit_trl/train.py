@@ -54,8 +54,9 @@ def parse_args(argv=None):
     parser = TrlParser((TokenCreditScriptArguments, TokenCreditGRPOConfig, ModelConfig,
                         DatasetMixtureConfig), prog="python -m tokencredit_trl.train",
                        description="TRL's GRPO script with TokenCreditGRPOTrainer: any causal "
-                       "LM, any dataset (docs/trl.md). The tiny task's model, data and YAML "
-                       "files: python -m tokencredit_trl.tiny")
+                       "LM, any dataset (docs/trl.md). --config FILE.yaml sets any of the "
+                       "arguments below, and a flag given overrides it. The tiny task's model, "
+                       "data and YAML files: python -m tokencredit_trl.tiny")
     script, config, model_args, mixture = parser.parse_args_and_config(argv)
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path must name a model (a hub name or a local folder), "
