@@ -28,8 +28,7 @@ class TinyArguments:
     eval_size: int = field(default=200, metadata={
         "help": "held-out problems (test.jsonl): the stream with seed 1"})
     device: str = field(default="auto", metadata={
-        "help": "where the warm-up runs: auto (CUDA if present, else MPS, else CPU), cpu, cuda "
-                "or mps"})
+        "help": "where the warm-up runs: auto (CUDA if present, else the CPU), cpu or cuda"})
 
 
 def write_problems(path: str, problems: list) -> None:
@@ -41,18 +40,25 @@ def write_problems(path: str, problems: list) -> None:
 
 def main(argv=None) -> None:
     import tiny_task
+    import torch
     from transformers import HfArgumentParser
-    parser = HfArgumentParser((TinyArguments, tiny_task.Task), prog="python -m tokencredit_trl.tiny",
+    parser = HfArgumentParser((TinyArguments, tiny_task.Task),
+                              prog="python -m tokencredit_trl.tiny",
                               description=__doc__.split("\n\n")[2])
     args, task = parser.parse_args_into_dataclasses(argv)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = auto if args.device == "auto" else args.device
     try:
         tiny_task.check_task(task)
-        tiny_task.check_fields(args, lambda v: v >= 1, ">= 1", "num_problems", "eval_size")
-        device = tiny_task.pick_device(args.device)
+        for key in ("num_problems", "eval_size"):
+            if getattr(args, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(args, key)}")
+        if device not in ("cpu", auto):
+            raise ValueError(f"device must be auto, cpu or cuda (where torch finds CUDA), got "
+                             f"{args.device!r}")
     except ValueError as error:
         sys.exit(f"python -m tokencredit_trl.tiny: error: {error}")
-    tiny_task.quiet_transformers()
-    print(tiny_task.describe_device(device, args.device))
+    print(f"device: {device} (asked for {args.device})")
     os.makedirs(FOLDER, exist_ok=True)
     model, tokenizer, _ = tiny_task.load_or_warm_up(task, device, FOLDER)
     model.save_pretrained(os.path.join(FOLDER, "model"))

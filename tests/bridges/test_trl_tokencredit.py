@@ -1499,7 +1499,7 @@ def test_the_tiny_example_writes_its_model_data_and_yaml_files(installed, tmp_pa
     assert AutoModelForCausalLM.from_pretrained(folder / "model").config.n_layer == 1
     done, _ = run_outside(tmp_path, "-m", "tokencredit_trl.tiny", "--num_problems", "0")
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
-        "python -m tokencredit_trl.tiny: error: --num-problems must be >= 1, got 0")
+        "python -m tokencredit_trl.tiny: error: num_problems must be >= 1, got 0")
 
 
 # -----------------------------------------------------------------------------
