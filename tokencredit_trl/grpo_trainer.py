@@ -21,6 +21,7 @@ See docs/trl.md: the mapping, what is exact and tested, normalisers, positions, 
 import contextlib
 import dataclasses
 import logging
+import math
 import warnings
 from typing import Callable, Optional
 
@@ -385,20 +386,31 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
         weights = tc.cscr_weights(tc.counterfactual_sensitivity(d_pos, d_neg), mask,
                                   c.cscr_strength, c.cscr_threshold)
-        return weights, tc.shift_diagnostics(d_pos, d_neg, mask)
+        real = weights[mask.bool()]  # a completion's weights have mean 1: their spread is logged
+        spread = (real.min().item(), real.max().item()) if real.numel() else (math.inf, -math.inf)
+        return weights, dict(tc.shift_diagnostics(d_pos, d_neg, mask), weight_min=spread[0],
+                             weight_max=spread[1])
 
     CSCR_METRICS = ("same_direction", "sign_reversal", "mean_abs_pos", "mean_abs_neg",
                     "mean_sensitivity", "mean_abs_common", "mean_abs_differential")
 
     def _log_cscr(self, diagnostics: list):
-        """tc.shift_diagnostics over every process's re-scored tokens, as cscr/* metrics."""
+        """tc.shift_diagnostics over every process's re-scored tokens, as cscr/* metrics, and
+        the smallest and largest weight of those tokens, cscr/weight_min and cscr/weight_max."""
+        device = self.accelerator.device
         local = [sum(d["num_affected"] for d in diagnostics)]
         local += [sum(d[k] * d["num_affected"] for d in diagnostics) for k in self.CSCR_METRICS]
-        totals = self.accelerator.reduce(torch.tensor(local, dtype=torch.float64,
-                                                      device=self.accelerator.device),
+        totals = self.accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=device),
                                          reduction="sum").tolist()
         for key, total in zip(self.CSCR_METRICS, totals[1:]):
             self._metrics["train"][f"cscr/{key}"].append(total / max(totals[0], 1.0))
+        spread = [[min([d["weight_min"] for d in diagnostics], default=math.inf),
+                   -max([d["weight_max"] for d in diagnostics], default=-math.inf)]]
+        low, minus_high = self.accelerator.gather(
+            torch.tensor(spread, dtype=torch.float64, device=device)).min(dim=0).values.tolist()
+        if totals[0] > 0:  # no re-scored token: no weight
+            self._metrics["train"]["cscr/weight_min"].append(low)
+            self._metrics["train"]["cscr/weight_max"].append(-minus_high)
 
     def _prepare_inputs(self, generation_batch):
         if self.credit.loss_mode != "group_token" or not self.model.training:

@@ -1048,6 +1048,9 @@ def test_cscr_scores_and_weights_are_each_rows_own(tokenizer):
     logged = trainer._metrics["train"]
     for key in trainer.CSCR_METRICS:
         assert logged[f"cscr/{key}"][-1] == pytest.approx(diagnostics[key], abs=1e-6), key
+    real = expected[mask]
+    assert (logged["cscr/weight_min"][-1], logged["cscr/weight_max"][-1]) == pytest.approx(
+        (real.min().item(), real.max().item()), abs=1e-5)
 
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ '>' + m['content'] + ',' }}{% endfor %}"
@@ -1452,7 +1455,7 @@ def test_the_installed_script_trains_a_saved_model_on_a_local_jsonl(installed, t
                                                                    example):
     """2 optimizer steps (one generation batch of 4 prompts x 8, 2 iterations) of the example's
     settings from outside the clone: TRL's log lines, with dynamic sampling's rounds (dapo) or
-    CSCR's diagnostics (cscr) beside TRL's own; the evaluation at the start; the model saved.
+    CSCR's diagnostics and weights (cscr) beside TRL's own; the evaluation at the start; the model saved.
     The model's random weights answer nothing right, so dynamic sampling runs all 3 rounds."""
     done, _ = run_outside(tiny_folder, "-m", "tokencredit_trl.train", "--config",
                           os.path.join(installed, "examples", f"{example}.yaml"), "--max_steps",
@@ -1474,7 +1477,8 @@ def test_the_installed_script_trains_a_saved_model_on_a_local_jsonl(installed, t
     else:
         diagnostics = {k: v for k, v in train[0].items() if k.startswith("cscr/")}
         print(diagnostics)
-        assert len(diagnostics) == 7 and 0 <= diagnostics["cscr/sign_reversal"] <= 1
+        assert len(diagnostics) == 9 and 0 <= diagnostics["cscr/sign_reversal"] <= 1
+        assert 0 < diagnostics["cscr/weight_min"] < 1 < diagnostics["cscr/weight_max"]
         assert not any(k.startswith("ds/") for k in train[0])
     assert not any(k.startswith(("ds/", "cscr/")) for k in train[1])  # no generation at step 2
     assert os.path.exists(tiny_folder / "tiny" / "runs" / example / "model.safetensors")
