@@ -1455,8 +1455,9 @@ def test_the_installed_script_trains_a_saved_model_on_a_local_jsonl(installed, t
                                                                    example):
     """2 optimizer steps (one generation batch of 4 prompts x 8, 2 iterations) of the example's
     settings from outside the clone: TRL's log lines, with dynamic sampling's rounds (dapo) or
-    CSCR's diagnostics and weights (cscr) beside TRL's own; the evaluation at the start; the model saved.
-    The model's random weights answer nothing right, so dynamic sampling runs all 3 rounds."""
+    CSCR's diagnostics and weights (cscr) beside TRL's own; the evaluation at the start; the
+    model saved. The model's random weights answer nothing right, so dynamic sampling runs all 3
+    rounds."""
     done, _ = run_outside(tiny_folder, "-m", "tokencredit_trl.train", "--config",
                           os.path.join(installed, "examples", f"{example}.yaml"), "--max_steps",
                           "2", "--logging_steps", "1", "--per_device_train_batch_size", "32",
@@ -1542,10 +1543,11 @@ def two_processes():
     trainer.train()  # 2 optimizer steps (2 iterations) on one generation batch: DS and CSCR
     logged = [(r["ds/rounds"], r["ds/groups_kept"], r["ds/full"])
               for r in trainer.state.log_history if "ds/rounds" in r]
-    reversal = [round(r["cscr/sign_reversal"], 4) for r in trainer.state.log_history
-                if "cscr/sign_reversal" in r]
+    cscr = [tuple(round(r[f"cscr/{k}"], 4) for k in ("sign_reversal", "weight_min", "weight_max"))
+            for r in trainer.state.log_history if "cscr/sign_reversal" in r]
     print(f"rank {rank}: trained {trainer.state.global_step} steps, (rounds, kept, full) per "
-          f"generation batch {logged}, cscr/sign_reversal {reversal}", flush=True)
+          f"generation batch {logged}, cscr/(sign_reversal, weight_min, weight_max) {cscr}",
+          flush=True)
 
 
 if __name__ == "__main__":
