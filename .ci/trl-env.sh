@@ -9,7 +9,9 @@ if [ "${1:-install}" = install ]; then
   python3 -m venv .venv-trl
   find_links=()
   if [ -d /opt/wheels ]; then find_links=(--find-links /opt/wheels); fi  # local torch CPU wheel
-  .venv-trl/bin/python -m pip install -q "${find_links[@]}" ".[trl]" -c .ci/constraints.txt \
+  # the [trl] extra, and [demo] for the tests (pytest); not editable: the tests run the
+  # installed script from outside the clone
+  .venv-trl/bin/python -m pip install -q "${find_links[@]}" ".[demo,trl]" -c .ci/constraints.txt \
       -c .ci/constraints-trl.txt
 fi
 if [ "${1:-test}" = test ]; then

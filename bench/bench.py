@@ -178,21 +178,46 @@ def capture_profile(device):
 
 
 def make_trainer(args, ckpt, seed, updates, device, callbacks):
+    """TRL's GRPOTrainer set up as train_tiny trains: B x G samples at its temperature (no top-k
+    or top-p), its budget and learning rate, update_epochs optimizer steps per batch, grad clip
+    1.0, float32, loss_type grpo; train_tiny's prompts (its stream, in order) and verifier, which
+    records each batch's mean completion length."""
+    import tempfile
+    from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from trl import GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer
     from tokencredit_trl import mask_positions
-    from tokencredit_trl.tiny import tiny_setup
+    from tokencredit_trl.rewards import tiny_verifier
     model, tokenizer = load(ckpt, device)
-    config, dataset, reward_funcs = tiny_setup(args, seed, updates, device,
-                                               tokenizer.eos_token_id, loss_type="grpo",
-                                               scale_rewards="group",
-                                               importance_sampling_level="token")
-    verifier, = reward_funcs  # train_tiny's grpo: no overlong shaping
+    problems = tiny_task.ProblemStream(args, seed).next(args.prompts_per_step * updates)
+    dataset = Dataset.from_dict({"prompt": tiny_task.prompt_texts(problems), "terms": problems})
+    lengths = []
+
+    def verifier(completion_ids, **kwargs):
+        lengths.append(statistics.mean(len(ids) for ids in completion_ids))
+        return tiny_verifier(completion_ids=completion_ids, **kwargs)
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), report_to="none", save_strategy="no",
+        disable_tqdm=True, use_cpu=torch.device(device).type == "cpu", seed=seed,
+        shuffle_dataset=False, dataloader_num_workers=0,
+        # one rollout batch = one optimizer batch = B prompts x G completions, update_epochs steps
+        per_device_train_batch_size=args.prompts_per_step * args.group_size,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=args.group_size,
+        num_iterations=args.update_epochs, max_steps=args.update_epochs * updates,
+        logging_steps=args.update_epochs, max_completion_length=args.max_new_tokens,
+        temperature=args.temperature, top_k=0, top_p=1.0, min_p=None, repetition_penalty=1.0,
+        beta=args.beta, use_bias_correction_kl=False, epsilon=args.eps_low,
+        epsilon_high=args.eps_high, mask_truncated_completions=False, learning_rate=args.lr,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        loss_type="grpo", scale_rewards="group", importance_sampling_level="token",
+        # GRPOConfig defaults to bf16 autocast and activation checkpointing; train_tiny runs in
+        # float32 and keeps its activations
+        bf16=False, fp16=False, activation_checkpointing=False)
     trainer = GRPOTrainer(model=model, reward_funcs=verifier, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=callbacks)
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
-    return trainer, lambda: mask_positions(model), verifier.lengths
+    return trainer, lambda: mask_positions(model), lengths
 
 
 @torch.no_grad()

@@ -1,3 +1,3 @@
-from tokencredit_trl.tiny import main
+from tokencredit_trl.train import main  # python -m tokencredit_trl: the training script
 
 main()

@@ -7,9 +7,10 @@ trainer computes what TRL would (loss_type, scale_rewards, importance_sampling_l
 top_entropy_quantile, epsilon, beta, vLLM's importance-sampling correction), or refuses at start
 what tokencredit cannot express. tokencredit's choices come from TokenCreditGRPOConfig's fields
 (grpo_config.py: YAML, TrlParser) or, in Python, from `credit=Credit(...)`; they add what TRL has no
-setting for (mode "group_token", the leave-one-out baseline, per-token weights, DAPO's dynamic
+setting for (loss_mode "group_token", the leave-one-out baseline, per-token weights, DAPO's dynamic
 sampling, CSCR's re-scoring under c+ and c-) and may replace a setting left at TRL's default; one
-that disagrees with a setting you changed raises.
+that disagrees with a setting you changed raises. grpo_config.resolve_credit checks every
+setting when the config is made; this file checks only what the model and the data show.
 
     trainer = TokenCreditGRPOTrainer(model=..., reward_funcs=..., train_dataset=...,
                                      args=TokenCreditGRPOConfig(loss_type="grpo",
@@ -20,6 +21,7 @@ See docs/trl.md: the mapping, what is exact and tested, normalisers, positions, 
 import contextlib
 import dataclasses
 import logging
+import math
 import warnings
 from typing import Callable, Optional
 
@@ -30,144 +32,8 @@ from trl.data_utils import is_conversational
 from trl.trainer.utils import RepeatSampler, get_config_model_id, pad, split_tensor_dict
 
 import tokencredit as tc
-
-
-@dataclasses.dataclass(frozen=True)
-class Credit:
-    """tokencredit's choices. None: as GRPOConfig says (resolve_credit). The clip range and beta
-    are always GRPOConfig's epsilon, epsilon_high and beta."""
-    mode: Optional[str] = None  # sample, token, group_token, constant; None: from loss_type
-    surrogate: Optional[str] = None  # clip or reinforce; None: clip (loss_type's)
-    ratio_level: Optional[str] = None  # token, sequence, sequence_token; None: from
-                                       # importance_sampling_level
-    adv_scale: Optional[str] = None  # std, batch or none; None: from scale_rewards
-    baseline: Optional[str] = None  # mean or leave_one_out (RLOO); None: mean (TRL's)
-    adv_eps: Optional[float] = None  # added to the std; None: 1e-4 (TRL's)
-    token_count: Optional[str] = None  # mode token under GA: global (dapo) or local (bnpo)
-    max_len: Optional[int] = None  # mode constant; None: max_completion_length (dr_grpo), luspo 1
-    token_weights_fn: Optional[Callable] = None  # (inputs, logp, entropies, mask) -> (N, T) >= 0
-    fix_positions: bool = True  # positions from the attention mask when TRL scores (mask_positions)
-    # DAPO's dynamic sampling (tc.fill_batch over global rounds): keep groups whose verdicts
-    # (the column of reward function filter_reward, not the weighted sum) are not all equal
-    dynamic_sampling: bool = False
-    max_rounds: int = 3  # generation rounds per generation batch at most
-    filter_reward: Optional[str] = None  # a reward function's name; None: the only one
-    # CSCR: re-score the kept completions under cond_pos / cond_neg before the prompt (no grad)
-    cscr_strength: Optional[float] = None  # alpha; None: off (0 computes weights of exactly 1)
-    cscr_threshold: float = 0.0  # tau
-    cond_pos: Optional[str] = None  # text asserting "correct" (chat: before the last user turn)
-    cond_neg: Optional[str] = None  # text asserting "incorrect"
-
-    def __post_init__(self):  # check the choices given on a dummy batch now, not after generating
-        if self.token_count not in (None, "global", "local"):
-            raise ValueError(f"token_count must be 'global' or 'local', got {self.token_count!r}")
-        if not isinstance(self.dynamic_sampling, bool):
-            raise ValueError(f"dynamic_sampling must be True or False, got "
-                             f"{self.dynamic_sampling!r}")
-        if (not isinstance(self.max_rounds, int) or isinstance(self.max_rounds, bool)
-                or self.max_rounds < 1):
-            raise ValueError(f"max_rounds must be a positive int, got {self.max_rounds!r}")
-        if self.cscr_strength is not None:
-            tc.cscr_weights(torch.zeros(1, 1), torch.ones(1, 1), self.cscr_strength,
-                            self.cscr_threshold)
-            if not (isinstance(self.cond_pos, str) and isinstance(self.cond_neg, str)
-                    and self.cond_pos and self.cond_pos != self.cond_neg):
-                raise ValueError(f"cscr_strength needs cond_pos and cond_neg, two different "
-                                 f"non-empty strings, got {self.cond_pos!r}, {self.cond_neg!r}")
-        tc.group_advantages(torch.tensor([[1.0, 0.0]]), scale=self.adv_scale or "std",
-                            eps=1e-4 if self.adv_eps is None else self.adv_eps,
-                            baseline=self.baseline or "mean")
-        ones = torch.ones(2, 1)
-        tc.policy_loss(ones, ones, ones[:, 0], ones, mode=self.mode or "sample", group_size=2,
-                       max_len=self.max_len or 1, surrogate=self.surrogate or "clip",
-                       ratio_level=self.ratio_level or "token")
-
-
-# GRPOConfig -> Credit. Each loss_type tokencredit expresses, as the Credit fields it decides
-# ("max_completion_length": GRPOConfig's); every other field is decided by one setting or none.
-LOSS_TYPES = {
-    "grpo": dict(mode="sample", surrogate="clip"),
-    "dapo": dict(mode="token", token_count="global", surrogate="clip"),
-    "bnpo": dict(mode="token", token_count="local", surrogate="clip"),
-    "dr_grpo": dict(mode="constant", max_len="max_completion_length", surrogate="clip"),
-    "luspo": dict(mode="constant", max_len=1, surrogate="clip"),  # sum over tokens / rows
-}
-NOT_EXPRESSIBLE = {
-    "cispo": "its surrogate is -A * log-prob weighted by the detached ratio capped at epsilon_high "
-             "(5.0 recommended), not a PPO clip over [1 - epsilon, 1 + epsilon_high]; "
-             "policy_loss has no such surrogate",
-    "sapo": "a sigmoid gate of the ratio (sapo_temperature_pos/neg) replaces the clip; "
-            "policy_loss has no such surrogate",
-    "vespo": "its gamma weight of the summed log-ratio (vespo_k_*, vespo_lambda_*) is not in "
-             "tokencredit",
-}
-SCALE_REWARDS = {"group": "std", "batch": "batch", "none": "none"}
-RATIO_LEVELS = {"token": "token", "sequence": "sequence"}
-TRL_EPS = 1e-4  # TRL divides by std + 1e-4 (no setting)
-
-
-def _trl_says(config) -> dict:
-    """Each Credit field -> (the value GRPOConfig implies, the GRPOConfig setting deciding it)."""
-    if config.loss_type in NOT_EXPRESSIBLE:
-        raise ValueError(f"TokenCreditGRPOTrainer cannot express GRPOConfig(loss_type="
-                         f"{config.loss_type!r}): {NOT_EXPRESSIBLE[config.loss_type]}")
-    if config.loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown GRPOConfig(loss_type={config.loss_type!r}); tokencredit "
-                         f"expresses {sorted(LOSS_TYPES)}")
-    for setting, known in (("importance_sampling_level", RATIO_LEVELS),
-                           ("scale_rewards", SCALE_REWARDS)):
-        if getattr(config, setting) not in known:
-            raise ValueError(f"unknown GRPOConfig({setting}={getattr(config, setting)!r}); "
-                             f"expected one of {sorted(known)}")
-    says = dict(adv_eps=(TRL_EPS, None), baseline=("mean", None),
-                max_len=(config.max_completion_length, None), token_count=("global", None),
-                adv_scale=(SCALE_REWARDS[config.scale_rewards], "scale_rewards"),
-                ratio_level=(RATIO_LEVELS[config.importance_sampling_level],
-                             "importance_sampling_level"))
-    for field, value in LOSS_TYPES[config.loss_type].items():
-        value = config.max_completion_length if value == "max_completion_length" else value
-        says[field] = (value, "loss_type")
-    return says
-
-
-def _is_default(config, setting: str) -> bool:
-    """A GRPOConfig setting equal to its default in this TRL (equal to it counts as unchanged:
-    GRPOConfig does not record which fields were passed)."""
-    field = next(f for f in dataclasses.fields(GRPOConfig) if f.name == setting)
-    return getattr(config, setting) == field.default
-
-
-def resolve_credit(credit: Optional[Credit], config, num_processes: int = 1) -> Credit:
-    """The Credit that runs: each field None takes GRPOConfig's value; a field given must agree
-    with the GRPOConfig setting that decides it unless that setting is TRL's default. Raises
-    ValueError for a loss tokencredit cannot express or a disagreement, naming both settings."""
-    credit = credit or Credit()
-    values = {}
-    for field, (theirs, setting) in _trl_says(config).items():
-        ours = getattr(credit, field)
-        if ours is None:
-            values[field] = theirs
-        elif ours == theirs or setting is None or _is_default(config, setting):
-            values[field] = ours
-        else:
-            raise ValueError(f"Credit({field}={ours!r}) disagrees with GRPOConfig({setting}="
-                             f"{getattr(config, setting)!r}), which means {field}={theirs!r}: "
-                             f"leave Credit's {field} unset or change GRPOConfig's {setting}")
-    weights, q = credit.token_weights_fn, config.top_entropy_quantile
-    if q < 1:
-        if num_processes > 1:
-            raise ValueError(f"GRPOConfig(top_entropy_quantile={q}) on {num_processes} processes: "
-                             "TRL takes the quantile over every process's tokens, "
-                             "high_entropy_weights over this process's micro-batch. For the "
-                             "per-process quantile set top_entropy_quantile=1.0 and "
-                             f"Credit(token_weights_fn=high_entropy_weights({q}))")
-        if weights is None:
-            weights = high_entropy_weights(q)  # exact on one process: TRL's entropies and rule
-        elif getattr(weights, "top_fraction", None) != q:
-            raise ValueError(f"Credit(token_weights_fn={getattr(weights, '__name__', weights)}) "
-                             f"disagrees with GRPOConfig(top_entropy_quantile={q}): leave one of "
-                             f"them unset, or pass high_entropy_weights({q})")
-    return dataclasses.replace(credit, token_weights_fn=weights, **values)
+from tokencredit_trl.grpo_config import (Credit, TokenCreditGRPOConfig, check_eval_batch,
+                                         filter_column, resolve_credit)
 
 
 def mask_positions(model):
@@ -182,18 +48,6 @@ def mask_positions(model):
             kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)  # pads shift none
         return args, kwargs
     return model.register_forward_pre_hook(add_positions, with_kwargs=True)
-
-
-def high_entropy_weights(top_fraction: float = 0.2) -> Callable:
-    """token_weights_fn keeping the policy gradient on the micro-batch's top_fraction
-    highest-entropy tokens (tc.high_entropy_mask of the entropies TRL's scoring returns)."""
-    tc.high_entropy_mask(torch.ones(1, 1), torch.ones(1, 1), top_fraction)  # fail now, not mid-run
-
-    def weights(inputs, per_token_logps, entropies, mask):
-        return tc.high_entropy_mask(entropies, mask, top_fraction)  # (N, T) 0/1
-    weights.top_fraction = top_fraction  # resolve_credit compares it with top_entropy_quantile
-    weights.__name__ = f"high_entropy_weights({top_fraction})"
-    return weights
 
 
 def with_sampling_correction(advantages, is_ratio, mask, ratio_level: str):
@@ -225,7 +79,7 @@ def shuffle_groups(batch: dict, group: torch.Tensor, G: int) -> dict:
     """TRL's shuffle_sequence_dict, moving whole groups: rows g*G..g*G+G-1 must be one group."""
     n = group.shape[0]
     if n % G or not (group.view(-1, G) == group.view(-1, G)[:, :1]).all():
-        raise ValueError(f"mode 'group_token' needs whole groups of num_generations = {G} "
+        raise ValueError(f"loss_mode 'group_token' needs whole groups of num_generations = {G} "
                          f"consecutive rows in each process's generation batch; got group ids "
                          f"{group.tolist()}")
     order = (torch.randperm(n // G)[:, None] * G + torch.arange(G)).flatten()  # groups as blocks
@@ -267,7 +121,7 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         if args is None:  # TRL's default config (as GRPOTrainer makes it), to resolve Credit now
             name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = GRPOConfig(f"{name.split('/')[-1]}-GRPO")
-        if hasattr(args, "to_credit"):  # TokenCreditGRPOConfig (grpo_config.py imports this file)
+        if isinstance(args, TokenCreditGRPOConfig):
             if credit is not None:
                 raise ValueError("tokencredit's choices come from TokenCreditGRPOConfig's fields "
                                  "or from credit=Credit(...) with a GRPOConfig, not both")
@@ -280,70 +134,29 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         with _without_trl_loss_warnings():
             super().__init__(model, reward_funcs, args, *more, **kwargs)
         self._refuse_what_is_not_ours()
-        self._check_dynamic_sampling()
         self._warn_like_trl()
         self._ds_pending, self._ds_passes = [], 0  # the private prompt stream (_extra_prompts)
         self._position_hooks = ([mask_positions(m) for m in (self.model, self.ref_model)
                                  if m is not None] if self.credit.fix_positions else [])
 
     def _refuse_what_is_not_ours(self):
-        a, G, c = self.args, self.num_generations, self.credit
-        refused = {
-            "vision-language models (text only here)": self._is_vlm,
-            "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
-            "delta (two-sided clipping)": a.delta is not None,
-            "an entropy bonus (entropy_coef, use_adaptive_entropy)": self._entropy_bonus_enabled,
-            "a MoE router aux loss": self.aux_loss_enabled,
-            "multi_objective_aggregation='normalize_then_sum'":
-                self.multi_objective_aggregation != "sum_then_normalize",
-            "use_bias_correction_kl=True with beta > 0 (tokencredit's k3 has no ratio; set it "
-            "False)": self.beta > 0 and a.use_bias_correction_kl}
+        """What only the model and the data show (grpo_config.check_settings has the rest)."""
+        refused = {"vision-language models (text only here)": self._is_vlm,
+                   "a MoE router aux loss": self.aux_loss_enabled}
         for what, present in refused.items():
             if present:
                 raise ValueError(f"TokenCreditGRPOTrainer does not support {what}")
-        if c.mode != "group_token":
-            return
-        if a.per_device_train_batch_size % G:
-            raise ValueError(f"mode 'group_token' needs whole groups in every micro-batch: "
-                             f"per_device_train_batch_size ({a.per_device_train_batch_size}) "
-                             f"must be a multiple of num_generations ({G})")
         if self.eval_dataset is not None:
-            self._check_eval_batch()
-
-    def _check_dynamic_sampling(self):
-        c, a, G = self.credit, self.args, self.num_generations
-        if not c.dynamic_sampling:
-            return
-        names = self.reward_func_names
-        name = c.filter_reward
-        if name is None and len(names) != 1:
-            raise ValueError(f"dynamic sampling with {len(names)} reward functions {names}: name "
-                             f"the verdict to filter on, Credit(filter_reward=...)")
-        if name is not None and name not in names:
-            raise ValueError(f"Credit(filter_reward={name!r}) is not a reward function; they are "
-                             f"{names}")
-        self._filter_column = names.index(name if name is not None else names[0])
-        local = a.per_device_train_batch_size * a.steps_per_generation
-        if local % G:
-            raise ValueError(f"dynamic sampling needs whole groups on every process: "
-                             f"per_device_train_batch_size x steps_per_generation ({local}) must "
-                             f"be a multiple of num_generations ({G})")
-        if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or not hasattr(
-                self.train_dataset, "__getitem__"):
-            raise ValueError("dynamic sampling draws its extra prompts by index: it needs a "
-                             "map-style train_dataset, not an IterableDataset")
-
-    def _check_eval_batch(self):
-        """group_token needs whole groups in every evaluation batch too; checked at start when
-        there is an eval_dataset, else when evaluate() is called, not inside TRL's reshape."""
-        a, G_eval = self.args, self.num_generations_eval
-        if self.credit.mode == "group_token" and a.per_device_eval_batch_size % G_eval:
-            raise ValueError(f"mode 'group_token' needs whole groups in every evaluation batch: "
-                             f"per_device_eval_batch_size ({a.per_device_eval_batch_size}) must be "
-                             f"a multiple of num_generations_eval ({G_eval})")
+            check_eval_batch(self.credit, self.args)
+        if self.credit.dynamic_sampling:
+            self._filter_column = filter_column(self.credit, self.reward_func_names)
+            if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or not hasattr(
+                    self.train_dataset, "__getitem__"):
+                raise ValueError("dynamic sampling draws its extra prompts by index: it needs a "
+                                 "map-style train_dataset, not an IterableDataset")
 
     def evaluate(self, *args, **kwargs):
-        self._check_eval_batch()
+        check_eval_batch(self.credit, self.args)  # an eval_dataset given only now
         return super().evaluate(*args, **kwargs)
 
     def _warn_like_trl(self):
@@ -352,13 +165,13 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         if self.args.loss_type == "luspo" and c.ratio_level != "sequence":
             warnings.warn(f"GRPOConfig(loss_type='luspo') with ratio_level={c.ratio_level!r}: the "
                           "LUSPO paper's setup is importance_sampling_level='sequence'")
-        sums_tokens = c.mode in ("token", "group_token") or (c.mode == "constant"
-                                                              and c.max_len != 1)
+        sums_tokens = c.loss_mode in ("token", "group_token") or (
+            c.loss_mode == "constant" and c.max_len != 1)
         if c.ratio_level == "sequence" and sums_tokens:
-            warnings.warn(f"ratio_level='sequence' with mode {c.mode!r} sums per-token terms, "
-                          "which weights each completion by its length instead of optimising the "
-                          "per-sequence objective; GSPO's is mode 'sample' (GRPOConfig(loss_type="
-                          "'grpo') or Credit(mode='sample'))")
+            warnings.warn(f"ratio_level='sequence' with loss_mode {c.loss_mode!r} sums per-token "
+                          "terms, which weights each completion by its length instead of "
+                          "optimising the per-sequence objective; GSPO's is loss_mode 'sample' "
+                          "(loss_type 'grpo')")
 
     # ---- advantages: tc.group_advantages of the rewards TRL gathers from every process
 
@@ -573,23 +386,34 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         d_pos, d_neg = tc.counterfactual_shifts(logp, logp_pos, logp_neg, mask)
         weights = tc.cscr_weights(tc.counterfactual_sensitivity(d_pos, d_neg), mask,
                                   c.cscr_strength, c.cscr_threshold)
-        return weights, tc.shift_diagnostics(d_pos, d_neg, mask)
+        real = weights[mask.bool()]  # a completion's weights have mean 1: their spread is logged
+        spread = (real.min().item(), real.max().item()) if real.numel() else (math.inf, -math.inf)
+        return weights, dict(tc.shift_diagnostics(d_pos, d_neg, mask), weight_min=spread[0],
+                             weight_max=spread[1])
 
     CSCR_METRICS = ("same_direction", "sign_reversal", "mean_abs_pos", "mean_abs_neg",
                     "mean_sensitivity", "mean_abs_common", "mean_abs_differential")
 
     def _log_cscr(self, diagnostics: list):
-        """tc.shift_diagnostics over every process's re-scored tokens, as cscr/* metrics."""
+        """tc.shift_diagnostics over every process's re-scored tokens, as cscr/* metrics, and
+        the smallest and largest weight of those tokens, cscr/weight_min and cscr/weight_max."""
+        device = self.accelerator.device
         local = [sum(d["num_affected"] for d in diagnostics)]
         local += [sum(d[k] * d["num_affected"] for d in diagnostics) for k in self.CSCR_METRICS]
-        totals = self.accelerator.reduce(torch.tensor(local, dtype=torch.float64,
-                                                      device=self.accelerator.device),
+        totals = self.accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=device),
                                          reduction="sum").tolist()
         for key, total in zip(self.CSCR_METRICS, totals[1:]):
             self._metrics["train"][f"cscr/{key}"].append(total / max(totals[0], 1.0))
+        spread = [[min([d["weight_min"] for d in diagnostics], default=math.inf),
+                   -max([d["weight_max"] for d in diagnostics], default=-math.inf)]]
+        low, minus_high = self.accelerator.gather(
+            torch.tensor(spread, dtype=torch.float64, device=device)).min(dim=0).values.tolist()
+        if totals[0] > 0:  # no re-scored token: no weight
+            self._metrics["train"]["cscr/weight_min"].append(low)
+            self._metrics["train"]["cscr/weight_max"].append(-minus_high)
 
     def _prepare_inputs(self, generation_batch):
-        if self.credit.mode != "group_token" or not self.model.training:
+        if self.credit.loss_mode != "group_token" or not self.model.training:
             return super()._prepare_inputs(generation_batch)
         # TRL's _prepare_inputs (text only), with a shuffle that keeps each group's rows together
         spg = self.args.steps_per_generation
@@ -640,12 +464,12 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
             n_real = rows.numel()
             if n_real == 0:  # fillers only: their loss is 0 (mask 0), with the stats' keys
                 rows = torch.arange(real.shape[0], device=real.device)
-        if c.mode == "group_token":
+        if c.loss_mode == "group_token":
             group = inputs["tc_group"]
             rows = (self._rows_by_group(group, G) if real is None or n_real == 0
                     else rows[self._rows_by_group(group[rows], G)])
         loss, stats = tc.policy_loss(
-            logp[rows], old_logp[rows], advantages[rows], mask[rows], mode=c.mode,
+            logp[rows], old_logp[rows], advantages[rows], mask[rows], mode=c.loss_mode,
             eps_low=self.epsilon_low, eps_high=self.epsilon_high, group_size=G, max_len=c.max_len,
             ref_logp=None if ref_logp is None else ref_logp[rows], beta=self.beta,
             surrogate=c.surrogate, ratio_level=c.ratio_level)
@@ -658,8 +482,8 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         order = torch.argsort(group, stable=True)
         _, counts = torch.unique_consecutive(group[order], return_counts=True)
         if (counts != G).any():
-            raise ValueError(f"mode 'group_token' got a micro-batch with incomplete groups (rows "
-                             f"per group {counts.tolist()}, num_generations = {G}); its "
+            raise ValueError(f"loss_mode 'group_token' got a micro-batch with incomplete groups "
+                             f"(rows per group {counts.tolist()}, num_generations = {G}); its "
                              f"normaliser needs whole groups")
         return order
 
@@ -669,7 +493,7 @@ class TokenCreditGRPOTrainer(GRPOTrainer):
         GA = self.current_gradient_accumulation_steps if training else 1  # no accumulation in eval
         spg = self.args.steps_per_generation if training else 1
         P = self.accelerator.num_processes
-        if self.credit.mode == "token" and self.credit.token_count == "global":
+        if self.credit.loss_mode == "token" and self.credit.token_count == "global":
             step_tokens = inputs["num_items_in_batch"].clamp(min=1) / P * GA / spg
             return mask.sum().clamp(min=1) / step_tokens  # TRL dapo's count
         if n_real is not None:  # this micro-batch's share of the kept rows of every process

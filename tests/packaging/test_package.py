@@ -1,5 +1,6 @@
 """pyproject.toml: `pip install .` and `pip install -e .` give `import tokencredit` from any folder,
-put only tokencredit's own names in site-packages, and ask for requirements.txt's packages.
+put only tokencredit's own names in site-packages, ask for torch alone, and offer requirements.txt's
+packages as the [demo] extra, each bridge's as its own.
 
 Offline and quick (a few seconds each): a copy of the project is installed with --no-deps and
 --no-build-isolation into a throwaway virtualenv, built by the setuptools this Python has.
@@ -20,11 +21,13 @@ import pytest
 pytestmark = pytest.mark.slow  # python -m pytest -m slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# what may land at the top of site-packages: the module, and the bridges' packages
-ALLOWED = {"tokencredit.py", "tokencredit_trl", "tokencredit_verl"}
+# what may land at the top of site-packages: the module, the demo's task (the TRL bridge's tiny
+# example trains its model), and the bridges' packages
+ALLOWED = {"tokencredit.py", "tiny_task.py", "tokencredit_trl", "tokencredit_verl"}
 # what runs from a clone only
-CLONE_ONLY = ("train_tiny", "tiny_task", "lab", "course", "bench", "tests")
-EXTRAS = {"trl": "tokencredit_trl/requirements.txt", "verl": "tokencredit_verl/requirements.txt"}
+CLONE_ONLY = ("train_tiny", "lab", "course", "bench", "tests")
+EXTRAS = {"demo": "requirements.txt", "trl": "tokencredit_trl/requirements.txt",
+          "verl": "tokencredit_verl/requirements.txt"}
 
 
 def site_of(module) -> str:  # the site-packages folder a module is installed in
@@ -85,10 +88,12 @@ def test_pip_install_puts_only_tokencredits_names_in_site_packages(tmp_path):
     _, python, site = install(tmp_path, editable=False)
     installed = {name for name in os.listdir(site)
                  if name != "__pycache__" and not name.endswith(".dist-info")}
-    assert "tokencredit.py" in installed and installed <= ALLOWED, installed
+    assert installed == ALLOWED, installed
+    assert sorted(os.listdir(os.path.join(site, "tokencredit_trl", "examples"))) == [
+        "cscr.yaml", "dapo.yaml"]  # package data
     file, clone_only = import_elsewhere(tmp_path, python, site, PROBE).splitlines()
     assert file == os.path.join(site, "tokencredit.py") and clone_only == ""
-    # the dependencies are requirements.txt's lines; each extra's, its requirements file's
+    # the dependency is torch, in requirements.txt's range; each extra's, its requirements file's
     info, = glob.glob(os.path.join(site, "tokencredit-*.dist-info"))
     with open(os.path.join(info, "METADATA")) as f:
         metadata = email.parser.Parser().parse(f)
@@ -96,8 +101,9 @@ def test_pip_install_puts_only_tokencredits_names_in_site_packages(tmp_path):
     assert metadata["Requires-Python"] == ">=3.10"
     assert os.path.exists(os.path.join(info, "licenses", "LICENSE"))
     needs = [Requirement(r) for r in metadata.get_all("Requires-Dist", [])]
-    assert {str(r) for r in needs if r.marker is None} == requirement_lines(
-        os.path.join(ROOT, "requirements.txt"))
+    torch, = [line for line in requirement_lines(os.path.join(ROOT, "requirements.txt"))
+              if Requirement(line).name == "torch"]
+    assert [str(r) for r in needs if r.marker is None] == [torch]
     assert set(metadata.get_all("Provides-Extra")) == set(EXTRAS)
     for extra, path in EXTRAS.items():
         mine = {str(Requirement(f"{r.name}{r.specifier}")) for r in needs
