@@ -85,6 +85,7 @@ def test_response_mask_and_token_classes():
     assert credit.token_classes(tok, torch.tensor([ids]))[0].tolist() == [1, 2, 1, 2, 1, 3, 0, 3]
 
 
+@pytest.mark.slow  # draws the warm-up's whole stream of prompts
 def test_how_much_the_evaluation_set_overlaps_training(monkeypatch):
     """The 200 evaluation problems come from their own seeded stream, but one-digit sums repeat: the README
     states how many also occur among the warm-up's prompts (0.71) and seed 0's 60 x 16 training prompts (0.28)."""

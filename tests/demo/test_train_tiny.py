@@ -136,6 +136,7 @@ def drop_times(record: dict) -> dict:  # what a run computes, without the second
     return {k: v for k, v in record.items() if not k.startswith("t_")}
 
 
+@pytest.mark.slow  # every method, two seeds
 def test_smoke_every_method_writes_its_files_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The one test that asks for the CPU by name; what --device auto picks is never assumed."""
     monkeypatch.chdir(tmp_path)
@@ -428,6 +429,7 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     assert tiny_task.pick_device("auto").type in ("cpu", "mps")
 
 
+@pytest.mark.slow  # two processes that each import transformers
 @pytest.mark.parametrize("argv, message", [
     (["--methods", "ppo"], "--methods: unknown method 'ppo'; expected a comma-separated list from ['cscr', "
                            "'dapo', 'drgrpo', 'entropy80', 'grpo', 'gspo', 'opsd']"),  # Args' own check

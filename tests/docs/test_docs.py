@@ -7,6 +7,7 @@ import glob
 import os
 import re
 
+import pytest
 import torch
 
 from lab import cli, compare, cscr
@@ -140,6 +141,7 @@ def test_result_tables_are_what_the_report_prints(capsys):
 REPORT_LINES = ("CSCR diagnosis on", "entropy against sensitivity", "credit.png, responses")
 
 
+@pytest.mark.slow  # lab compare over every committed pair
 def test_paired_tables_are_what_lab_compare_prints(capsys, tmp_path):
     """Every `python -m lab compare ...` command quoted in README.md or docs/ is run on the
     committed results; every paired table of those pages, and every line of theirs that starts
@@ -178,6 +180,7 @@ def test_cscr_tables_are_what_lab_sweep_prints(capsys):
     assert not missing, "not what python -m lab sweep prints:\n" + "\n".join(missing[0])
 
 
+@pytest.mark.slow  # a process that imports the bench's stack
 def test_bench_help_names_the_command_a_user_types():
     """`python -m bench --help` shows `python -m bench`, not the file argparse was run from."""
     import subprocess
