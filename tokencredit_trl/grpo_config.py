@@ -125,7 +125,7 @@ TRL_EPS = 1e-4  # TRL divides by std + 1e-4 (no setting)
 # GRPOConfig settings that would change a loss tokencredit computes instead: the value each must
 # keep, and what it would add
 NOT_SUPPORTED = dict(off_policy_mask_threshold=(None, "off-policy sequence masking"),
-                     delta=(None, "two-sided clipping"), entropy_coef=(0.0, "an entropy bonus"),
+                     delta=(None, "two-sided clipping"), entropy_coef=(0.0, "entropy bonus"),
                      use_adaptive_entropy=(False, "an adaptive entropy bonus"),
                      multi_objective_aggregation=("sum_then_normalize",
                                                   "rewards normalised one by one"))

@@ -1234,7 +1234,7 @@ BAD = [  # (flags over the defaults, the whole message: the key, what is allowed
     (["--epsilon_high", "-0.1"], "epsilon_high must be a number >= 0, got -0.1"),
     (["--delta", "1.5"], "delta must be None: tokencredit's loss has no two-sided clipping, got "
      "1.5"),
-    (["--entropy_coef", "0.01"], "entropy_coef must be 0.0: tokencredit's loss has no an entropy "
+    (["--entropy_coef", "0.01"], "entropy_coef must be 0.0: tokencredit's loss has no entropy "
      "bonus, got 0.01"),
     (["--multi_objective_aggregation", "normalize_then_sum"], "multi_objective_aggregation must be "
      "'sum_then_normalize': tokencredit's loss has no rewards normalised one by one, got "
