@@ -44,8 +44,8 @@ BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret
 CACHE = os.path.join(ROOT, ".course-cache")
 MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
-    time_s=120.0,  # wall time for one exercise's tests
-    test_s=10.0,  # wall time for one test
+    time_s=120.0,  # seconds for one exercise's tests: wall time less waits for a CPU that
+    test_s=10.0,  # other work held, never less than the CPU time (judge.Session.clock); one test's
     memory_mb=2048,  # what its sandbox may add to torch's (docs/instructors.md; `Driver.warm`)
     file_mb=16,  # the largest file it may write (its printed output goes to one)
     processes=64,  # processes of the student's user (RLIMIT_NPROC)
@@ -166,8 +166,8 @@ os.execvp(argv[0], argv)
 
 
 def find_sandbox():
-    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup", "cpu": the
-    memory and cpu find_cgroup} if bwrap runs this Python here (as root, under a uid of its own,
+    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup", "cpu",
+    "cpuacct": the memory, cpu and cpuacct find_cgroup} if bwrap runs this Python here (as root, under a uid of its own,
     else under root); else None."""
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
@@ -176,7 +176,8 @@ def find_sandbox():
                 argv = sandbox_argv(code, 1, uid) + [sys.executable, "-E", "-s", "-c", "pass"]
                 subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=60)
-                return dict(uid=uid, cgroup=find_cgroup("memory"), cpu=find_cgroup("cpu"))
+                return dict(uid=uid, cgroup=find_cgroup("memory"), cpu=find_cgroup("cpu"),
+                            cpuacct=find_cgroup("cpuacct"))
     return None
 
 
@@ -195,14 +196,16 @@ def claim_uids() -> tuple:
 
 
 CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_bytes",
-                        swap="memory.memsw.limit_in_bytes", events="memory.oom_control"),
+                        swap="memory.memsw.limit_in_bytes", events="memory.oom_control",
+                        cpu="cpu.shares", cpuacct="cpuacct.usage", threads="tasks"),
                 2: dict(limit="memory.max", usage="memory.current", swap="memory.swap.max",
-                        events="memory.events")}
+                        events="memory.events", cpu="cpu.weight", cpuacct="cpu.stat",
+                        threads="cgroup.threads")}
 
 
 def find_cgroup(controller: str):
     """{"folder", "version"}: where this process may make cgroups of its own with `controller`
-    ("memory" or "cpu") on for them (v1's hierarchy of it, or v2's where it is on for its
+    ("memory", "cpu" or "cpuacct") on for them (v1's hierarchy of it, or v2's where it is on for its
     children), else None (docs/instructors.md)."""
     for line in read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
@@ -217,7 +220,7 @@ def find_cgroup(controller: str):
             os.mkdir(probe)
             if controller == "memory":
                 cap(cgroup, probe, 1 << 30)
-            elif not os.path.exists(os.path.join(probe, ("cpu.shares", "cpu.weight")[version - 1])):
+            elif not os.path.exists(cgroup_file(cgroup, probe, controller)):
                 continue  # v2 with cpu off for its children
             subprocess.run(["true"], check=True, timeout=60, preexec_fn=joining(probe))
             return cgroup
@@ -294,19 +297,22 @@ class Driver:
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LANG="C.UTF-8", HOME=work, PYTHONHASHSEED="0")  # all it gets (no -E)
         self.started += 1
-        name, cgroups = f"course-{os.getpid()}-{time.time_ns()}", []  # its memory's, its cpu's
-        for which in ("cgroup", "cpu") if box else ():
+        name, cgroups, clock = f"course-{os.getpid()}-{time.time_ns()}", [], None
+        for which in ("cgroup", "cpu", "cpuacct") if box else ():  # its memory's, cpu's, count's
             folder = self.sandbox[which] and os.path.join(self.sandbox[which]["folder"], name)
-            if folder and folder not in cgroups:  # v2: one folder for both
+            if folder and folder not in cgroups:  # v2: one folder for all
                 os.mkdir(folder)
                 cgroups.append(folder)
+            if folder and which == "cpuacct":  # what judge.Session.clock reads
+                clock = {k: cgroup_file(self.sandbox[which], folder, k)
+                         for k in ("cpuacct", "threads")}
         process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
             box + [sys.executable, "-s", os.path.join(code, "child.py"),
                    str(theirs.fileno()), work], pass_fds=[theirs.fileno()], cwd=self.code,
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, preexec_fn=joining(*cgroups) if cgroups else None)
         theirs.close()  # all the sandbox's processes are in its cgroups: bwrap starts there
-        return dict(process=process, control=ours, cgroups=cgroups,
+        return dict(process=process, control=ours, cgroups=cgroups, clock=clock,
                     cgroup=cgroups[0] if self.sandbox and self.sandbox["cgroup"] else None)
 
     def warm(self, box) -> None:
@@ -442,11 +448,14 @@ class Driver:
                     job = worker["job"] = todo[i].pop(0)
                     try:
                         self.give_box(worker)
-                        worker["channel"].sendall(json.dumps(job).encode() + b"\n")
+                        worker["channel"].sendall(
+                            json.dumps(dict(job, box=worker["box"]["clock"])).encode() + b"\n")
                     except (OSError, RuntimeError) as error:  # its sandbox, or its judge
                         self.restart(i, todo[i], results, f"a sandbox or a judge failed: {error}")
                         continue
-                    worker["deadline"] = time.monotonic() + job["limit"] + 60
+                    # the judge's limits count no time spent waiting for a CPU (Session.clock):
+                    # its job still running four limits on is the grader's failure
+                    worker["deadline"] = time.monotonic() + 4 * job["limit"] + 60
             busy = [w for w in self.pool if w["job"] is not None]
             ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
             for worker in busy:

@@ -37,6 +37,16 @@ FAILURE_LIMIT = 8000  # characters of one test's failure kept
 JUDGE_MB = 384  # memory a job's fork of the judge may add: a test on a huge answer fails
 
 
+def schedstat(thread) -> tuple:
+    """(seconds on a CPU, seconds waiting for one) of a thread of this machine, or zeros: it has
+    exited, or the kernel keeps no such count."""
+    try:
+        with open(f"/proc/{thread}/schedstat") as f:
+            return tuple(int(n) / 1e9 for n in f.read().split()[:2])
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
 class StudentError(Exception):
     """An exception of the student's code whose type the judge does not raise as itself."""
 
@@ -49,15 +59,42 @@ class GraderLimit(Exception):
 class Session:
     """One child: one submission and one exercise."""
 
-    def __init__(self, zygote, spec: dict, limit_s: float):
+    def __init__(self, zygote, spec: dict, limit_s: float, box=None):
         self.zygote, self.calls, self.dead, self.limit = zygote, 0, None, None
         self.running = False  # the student's code has been called (`load`)
         self.returned = {}  # id: weakref of each tensor that came from the child ("got")
         self.where, self.called = [], set()
         self.sees_writes = False  # else the judge's tensors stay as sent, whatever the child does
+        self.box, self.start = box, (0.0, 0.0, 0.0)
         self.sock, self.pid = zygote.fork(spec)
-        self.deadline = time.monotonic() + limit_s  # from the fork: a sandbox's start is ours
-        self.test_deadline = self.deadline
+        self.start = self.used()  # from the fork: a sandbox's start is ours
+        self.deadline = self.test_deadline = limit_s  # in seconds of `clock`
+
+    def used(self) -> tuple:
+        """(wall, CPU, waiting) seconds so far: the wall clock; the CPU time of the judge's
+        thread and of the sandbox's processes (its cpuacct cgroup's, the exited ones' too); the
+        time they waited for a CPU that others held (each thread's)."""
+        ran, waited = schedstat("thread-self")
+        if self.box:
+            with open(self.box["cpuacct"]) as f:  # v1's cpuacct.usage in ns, v2's cpu.stat in µs
+                usage = f.read().split()
+            ran += int(usage[0]) / 1e9 if len(usage) == 1 else int(usage[1]) / 1e6
+            with open(self.box["threads"]) as f:
+                waited += sum(schedstat(int(tid))[1] for tid in f.read().split())
+        return time.monotonic(), ran, waited
+
+    def clock(self) -> float:
+        """Seconds of this exercise as its time limits count them: the wall time since the fork
+        less the time spent waiting for a CPU that other work held (a busy machine's, another
+        run's), but never less than the CPU time used: a student's own processes that keep
+        each other waiting cost their own time."""
+        (wall, ran, waited), (wall0, ran0, waited0) = self.used(), self.start
+        return min(wall - wall0, max(wall - wall0 - max(waited - waited0, 0.0), ran - ran0))
+
+    def left(self) -> float:
+        """Seconds of `clock` to the nearer deadline (the wall clock's, while that is nearer)."""
+        end, wall = min(self.deadline, self.test_deadline), time.monotonic() - self.start[0]
+        return end - wall if wall < end else end - self.clock()
 
     # -- the line to the child
 
@@ -66,9 +103,9 @@ class Session:
         self.wait()
         try:  # a deadline already past times out before any read
             header, blobs = protocol.receive(self.sock, REPLY_LIMIT,
-                                             min(self.deadline, self.test_deadline))
+                                             time.monotonic() + max(self.left(), 0.0))
         except socket.timeout:
-            which = "time" if time.monotonic() >= self.deadline else "test time"
+            which = "time" if self.clock() >= self.deadline else "test time"
             self.stop(which, "it ran past the time limit")
         except protocol.TooLarge as error:
             self.stop("output size", f"an answer of {error}")
@@ -87,9 +124,9 @@ class Session:
         """Until the child's line has data or the deadline is past; a child that has ended
         before (killed, say, while a process it forked holds its line open) stops at once."""
         while True:
-            left = min(self.deadline, self.test_deadline) - time.monotonic()
+            left = self.left()
             ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0))
-            if self.sock in ready or not ready:  # an answer (or the deadline): receive reads it
+            if self.sock in ready or left <= 0:  # an answer (or the deadline): receive reads it
                 return
             try:
                 self.zygote.lines(0.01)
@@ -423,7 +460,8 @@ class Worker:
         session = None
         calls = {}  # test: the functions it called
         try:
-            session = Session(self.zygote, dict(limits=limits), float(job["limit"]))
+            session = Session(self.zygote, dict(limits=limits), float(job["limit"]),
+                              job.get("box"))
             self.module._session = self.session = session
             session.load(job)
         except GraderLimit as stopped:
@@ -445,7 +483,7 @@ class Worker:
                     continue
                 self.current, self.diff, session.where, session.called = name, [], [], set()
                 session.sees_writes = name.startswith(SEES_WRITES)
-                session.test_deadline = time.monotonic() + float(limits["test_s"])
+                session.test_deadline = session.clock() + float(limits["test_s"])
                 reports = runner.runtestprotocol(item, nextitem=None, log=False)
                 failed = [r for r in reports if r.failed]
                 results[name] = self.failure(failed[0], session) if failed else None

@@ -7,7 +7,8 @@ conftest.py grades each once per session, and the test files import what each ho
   reads its own name, a hand-graded answer that reads reversed): memory and disk past the limits,
   work the judge and the driver must bound, escapes in a report, files that stopped a whole class;
 - BESIDE_ATTACKS, graded by a second run beside a class (test_concurrent_runs.py): processes
-  that spin, the root and every mount written, kernel buffers filled, SIGSTOP;
+  that spin, the root and every mount written, kernel buffers filled, SIGSTOP, a sleeper whose
+  processes keep each other waiting;
 - `cheats` (attack_sources): submissions that try to write their own grade, the replay of a
   handout's stored outputs among them.
 
@@ -412,7 +413,7 @@ def number_in(notes: str, word: str) -> int:
 
 
 # -----------------------------------------------------------------------------
-# beside: issue 53's five attacks, graded by a second run beside a class (test_concurrent_runs.py)
+# beside: issue 53's five attacks and a-wait, graded by a second run beside a class
 
 BESIDE_ATTACKS = {  # name: what is added to BASE
     # 60 spinning processes per exercise, each a session of its own (an autogroup each)
@@ -426,6 +427,19 @@ for _i in range(59):
                 pass
     except OSError:
         break
+''',
+    # asleep while 59 processes of its own keep each other waiting for a CPU, as another run
+    # would: the time limit counts their CPU time then (judge.Session.clock), not nothing
+    "a-wait": '''
+import os as _os, time as _t
+for _i in range(59):
+    try:
+        if _os.fork() == 0:
+            while True:
+                pass
+    except OSError:
+        break
+_t.sleep(10 ** 6)
 ''',
     # 300 MB written to the sandbox's root (bwrap's own tmpfs, before)
     "a-root": fill("/x{_i}", 20),
