@@ -167,8 +167,8 @@ os.execvp(argv[0], argv)
 
 def find_sandbox():
     """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup", "cpu",
-    "cpuacct": the memory, cpu and cpuacct find_cgroup} if bwrap runs this Python here (as root, under a uid of its own,
-    else under root); else None."""
+    "cpuacct": the memory, cpu and cpuacct find_cgroup} if bwrap runs this Python here (as root,
+    under a uid of its own, else under root); else None."""
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
@@ -213,8 +213,9 @@ def find_cgroup(controller: str):
             os.path.exists("/sys/fs/cgroup/cgroup.controllers")) else None
         if version is None:
             continue
-        cgroup = dict(folder=(f"/sys/fs/cgroup/{controller}" if version == 1 else "/sys/fs/cgroup")
-                      + path, version=version)
+        cgroup = dict(folder=os.path.realpath(  # v1's cpu and cpuacct: often links to one
+            (f"/sys/fs/cgroup/{controller}" if version == 1 else "/sys/fs/cgroup") + path),
+            version=version)
         probe = os.path.join(cgroup["folder"], f"course-probe-{os.getpid()}")
         try:  # what start_box and Driver.warm do: a limit, and a process started in it
             os.mkdir(probe)
@@ -300,7 +301,7 @@ class Driver:
         name, cgroups, clock = f"course-{os.getpid()}-{time.time_ns()}", [], None
         for which in ("cgroup", "cpu", "cpuacct") if box else ():  # its memory's, cpu's, count's
             folder = self.sandbox[which] and os.path.join(self.sandbox[which]["folder"], name)
-            if folder and folder not in cgroups:  # v2: one folder for all
+            if folder and folder not in cgroups:  # v2: one for all (v1: cpu, cpuacct often)
                 os.mkdir(folder)
                 cgroups.append(folder)
             if folder and which == "cpuacct":  # what judge.Session.clock reads

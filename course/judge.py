@@ -125,7 +125,7 @@ class Session:
         before (killed, say, while a process it forked holds its line open) stops at once."""
         while True:
             left = self.left()
-            ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0))
+            ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0.05))
             if self.sock in ready or left <= 0:  # an answer (or the deadline): receive reads it
                 return
             try:
