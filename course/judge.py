@@ -38,8 +38,7 @@ JUDGE_MB = 384  # memory a job's fork of the judge may add: a test on a huge ans
 
 
 def schedstat(thread) -> tuple:
-    """(seconds on a CPU, seconds waiting for one) of a thread of this machine, or zeros: it has
-    exited, or the kernel keeps no such count."""
+    """(seconds on a CPU, seconds waiting for one) of a thread, or zeros (exited, or not kept)."""
     try:
         with open(f"/proc/{thread}/schedstat") as f:
             return tuple(int(n) / 1e9 for n in f.read().split()[:2])
@@ -65,15 +64,14 @@ class Session:
         self.returned = {}  # id: weakref of each tensor that came from the child ("got")
         self.where, self.called = [], set()
         self.sees_writes = False  # else the judge's tensors stay as sent, whatever the child does
-        self.box, self.start = box, (0.0, 0.0, 0.0)
+        self.box = box  # its cgroup's files (grading.Driver.start_box), or None
         self.sock, self.pid = zygote.fork(spec)
         self.start = self.used()  # from the fork: a sandbox's start is ours
         self.deadline = self.test_deadline = limit_s  # in seconds of `clock`
 
     def used(self) -> tuple:
-        """(wall, CPU, waiting) seconds so far: the wall clock; the CPU time of the judge's
-        thread and of the sandbox's processes (its cpuacct cgroup's, the exited ones' too); the
-        time they waited for a CPU that others held (each thread's)."""
+        """(wall, CPU, waiting) seconds so far: the wall clock; the judge's thread's and the
+        sandbox's CPU time (its cpuacct cgroup's, exited processes' too); their threads' waits."""
         ran, waited = schedstat("thread-self")
         if self.box:
             with open(self.box["cpuacct"]) as f:  # v1's cpuacct.usage in ns, v2's cpu.stat in µs
@@ -84,10 +82,8 @@ class Session:
         return time.monotonic(), ran, waited
 
     def clock(self) -> float:
-        """Seconds of this exercise as its time limits count them: the wall time since the fork
-        less the time spent waiting for a CPU that other work held (a busy machine's, another
-        run's), but never less than the CPU time used: a student's own processes that keep
-        each other waiting cost their own time."""
+        """Seconds of this exercise as its limits count them: the wall time since the fork less
+        the waits for a CPU, never less than the CPU time (docs/instructors.md says why)."""
         (wall, ran, waited), (wall0, ran0, waited0) = self.used(), self.start
         return min(wall - wall0, max(wall - wall0 - max(waited - waited0, 0.0), ran - ran0))
 
@@ -99,8 +95,20 @@ class Session:
     # -- the line to the child
 
     def receive(self) -> tuple:
-        """The child's next message, whole by the deadline (not only each read by it)."""
-        self.wait()
+        """The child's next message, whole by the deadline (not only each read by it); a child
+        that has ended before (killed, say, while a process it forked holds its line open) stops
+        at once."""
+        while True:  # until its line has data or the deadline is past
+            left = self.left()
+            ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0))
+            if self.sock in ready or left <= 0:  # an answer (or the deadline): read below
+                break
+            try:
+                self.zygote.lines(0.01)
+            except (OSError, EOFError):  # the sandbox's first process: all in it are gone
+                self.stop("died", "its sandbox ended")
+            if self.pid in self.zygote.exits:
+                self.stop(*self.zygote.why(self.pid))
         try:  # a deadline already past times out before any read
             header, blobs = protocol.receive(self.sock, REPLY_LIMIT,
                                              time.monotonic() + max(self.left(), 0.0))
@@ -119,21 +127,6 @@ class Session:
         if header.get("op") == "raise":  # the student's exception, as a value
             raise self.exception(header)
         return header, blobs
-
-    def wait(self) -> None:
-        """Until the child's line has data or the deadline is past; a child that has ended
-        before (killed, say, while a process it forked holds its line open) stops at once."""
-        while True:
-            left = self.left()
-            ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0))
-            if self.sock in ready or left <= 0:  # an answer (or the deadline): receive reads it
-                return
-            try:
-                self.zygote.lines(0.01)
-            except (OSError, EOFError):  # the sandbox's first process: all in it are gone
-                self.stop("died", "its sandbox ended")
-            if self.pid in self.zygote.exits:
-                self.stop(*self.zygote.why(self.pid))
 
     def send(self, header, blobs=()) -> None:
         if self.dead:  # every later call of the same exercise
@@ -288,8 +281,7 @@ def remote(module, name: str):
 
 class Zygote:
     """The line to the warm parent of a job's child: course/child.py, in the sandbox the driver
-    gave that job (course/grading.py, Driver.give_box): each student's job's is fresh (the
-    map's jobs, the reference's own code, share one a worker)."""
+    gave that job (course/grading.py, Driver.give_box)."""
 
     def __init__(self, control):
         self.control, self.buffer, self.exits = control, b"", {}
@@ -455,10 +447,9 @@ class Worker:
 
     def run_job(self, job: dict, runner) -> dict:
         os.environ["TOKENCREDIT_SEED"] = str(job.get("seed", self.config["seed"]))  # this fork's
-        results, error = {}, None
+        results, calls = {}, {}  # calls: test: the functions it called
+        error = session = None
         limits = self.config["limits"]
-        session = None
-        calls = {}  # test: the functions it called
         try:
             session = Session(self.zygote, dict(limits=limits), float(job["limit"]),
                               job.get("box"))
