@@ -41,8 +41,7 @@ EQUAL = torch.equal  # as torch has it, before a student's code may replace it
 
 def zygote(fd: int, work: str) -> None:
     """Fork a child for each request of the judge. Nothing is loaded ahead but torch (and numpy's
-    generator, to seed it): a child imports the rest itself, from the sandbox's read-only views
-    of the Python."""
+    generator, to seed it): a child imports the rest itself, from the sandbox's read-only Python."""
     control = socket.socket(fileno=fd)
     torch.set_num_threads(1)
     # a pid 1 takes from inside its sandbox only the signals it handles (none: SIGINT's off), so

@@ -1,11 +1,9 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
-The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
-folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
-is one job, on worker n mod the workers (n: its place in the set), in a bubblewrap sandbox no job
-has used (`sandbox_argv`, ENTER, `find_cgroup`; the test map's jobs, the reference's own code,
-share one a worker). What the sandbox, its uid, its cgroup and the limits guard, and what runs
-without one: docs/instructors.md, "What the grader protects against".
+The driver (this process) starts the judge workers (course/judge.py), then grades one submission
+at a time: exercise k is one job, on worker n mod the workers (n: its place in the set), in a
+bubblewrap sandbox no job has used (`sandbox_argv`, ENTER, `find_cgroup`). What the sandbox, its
+uid, its cgroups and the limits guard: docs/instructors.md, "What the grader protects against".
 """
 
 import ast
@@ -320,11 +318,6 @@ class Driver:
             usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
             cap(self.sandbox["cgroup"], box["cgroup"], usage + (self.limits["memory_mb"] << 20))
 
-    def ooms(self, box) -> int:
-        """How many of the sandbox's processes its cgroup's limit has killed."""
-        events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
-        return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
-
     def give_box(self, worker) -> None:
         """A sandbox for the worker's job: a warm one no job has used (unless reuse; a dead one
         fails `warm`); another starts while the jobs to come outnumber the warm ones (4 at most)."""
@@ -466,9 +459,10 @@ class Driver:
         """The worker's job's result; but a job the grader failed (`grader`, docs/instructors.md
         says when) runs once more, next, in a fresh sandbox."""
         job, box, worker["job"] = worker["job"], worker["box"], None
-        if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
-            # its cgroup (this job's alone, capped before it) ran out of memory: the student's
-            message.update(limit="memory", stopped="the kernel killed it", grader=None)
+        if message.get("limit") == "died" and box["cgroup"]:  # out of its cgroup's memory?
+            events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
+            if "oom_kill" in events and int(events[events.index("oom_kill") + 1]):  # its own
+                message.update(limit="memory", stopped="the kernel killed it", grader=None)
         if not self.reuse or message.get("grader"):  # with all the job left in it: no later job
             self.drop(box)  # of the submission finds what this one wrote
             worker["box"] = None
@@ -714,8 +708,7 @@ class Grader:
         self.plan = scheme(mapping, self.exercises, self.in_order)
 
     def start(self, workers=None, jobs=None) -> None:
-        """The judges, with their copy of the tests, before any submission is read, and
-        sandboxes warm for the jobs to come (jobs: how many at most, a job an exercise)."""
+        """The judges, with their copy of the tests, and sandboxes warm for `jobs` jobs to come."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits, workers, jobs)

@@ -1,9 +1,7 @@
 """The judge's side: a pytest session that never imports or runs a student's code (docs/course.md,
 "The student's code computes; the grader judges", says what crosses and why). The tests'
-`tokencredit` is a proxy: the instructor's constants (literals, not run), and each function a call
-to the student's process (course/child.py); a callable the test passes (fill_batch's
-sample_groups) is called back here; an exception of ALLOWED is raised as itself, any other as
-StudentError.
+`tokencredit` is a proxy: the instructor's constants, and each function a call to the student's
+process (course/child.py); an exception of ALLOWED is raised as itself, any other as StudentError.
 
     python -m course.judge FD...   workers, one a line FD: jobs come from course/grading.py's driver
 """
