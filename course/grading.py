@@ -459,9 +459,9 @@ class Driver:
         """The worker's job's result; but a job the grader failed (`grader`, docs/instructors.md
         says when) runs once more, next, in a fresh sandbox."""
         job, box, worker["job"] = worker["job"], worker["box"], None
-        if message.get("limit") == "died" and box["cgroup"]:  # out of its cgroup's memory?
+        if message.get("limit") == "died" and box["cgroup"]:  # this job's alone: out of memory?
             events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
-            if "oom_kill" in events and int(events[events.index("oom_kill") + 1]):  # its own
+            if "oom_kill" in events and int(events[events.index("oom_kill") + 1]):
                 message.update(limit="memory", stopped="the kernel killed it", grader=None)
         if not self.reuse or message.get("grader"):  # with all the job left in it: no later job
             self.drop(box)  # of the submission finds what this one wrote

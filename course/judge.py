@@ -49,8 +49,7 @@ class StudentError(Exception):
 
 
 class GraderLimit(Exception):
-    """The student's process is gone: a limit, a crash or a malformed answer. Every later call
-    of the same exercise raises it again."""
+    """The student's process is gone (a limit, a crash, a malformed answer): each later call too."""
 
 
 class Session:
@@ -512,8 +511,7 @@ class Worker:
         return "\n".join(out)[:FAILURE_LIMIT]
 
     def record(self) -> None:
-        """Wrap the test modules' ref_* loops to record what each returns (a handout's
-        snapshots): once a job, in the job's own fork of the judge."""
+        """Wrap the tests' ref_* loops to record what each returns (a handout's snapshots)."""
         for module in [m for n, m in list(sys.modules.items()) if n.startswith("test_")]:
             for name in [n for n in vars(module) if n.startswith("ref_")]:
                 setattr(module, name, self.recorder(name, getattr(module, name)))
