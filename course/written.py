@@ -322,8 +322,8 @@ REPORT_WIDTH = 78  # columns at most of a report line that holds a student's tex
 
 
 def quoted(text: str, indent: str) -> list:
-    """Text that holds a student's, as lines of its own that no part of it can start: each
-    `indent> `, printable, runs of spaces folded, REPORT_WIDTH columns at most (wide ones: 2)."""
+    """Text that holds a student's, as report lines of its own, each `indent> ` first so that it
+    starts none: printable, runs of spaces folded, REPORT_WIDTH columns at most (wide ones: 2)."""
     lines, line, room = [], "", REPORT_WIDTH - len(indent) - 2
     for c in re.sub(" {2,}", " ", printable(text, one_line=True)):
         if sum(1 + (unicodedata.east_asian_width(x) in "WFA") for x in line + c) > room:
