@@ -27,9 +27,8 @@ from .written import shown
 
 
 def setting(set_name=None, seed=None) -> dict:
-    """Where this kit sits: a handout (its own map, seed 0, no reference), a Gradescope bundle
-    (its own set, secret and map) or the repository (the reference; each file's seed from the
-    course's secret, or --seed's for all)."""
+    """Where this kit sits: a handout (its own map, seed 0, no reference), a Gradescope bundle (its
+    own set, secret and map) or the repository (the reference; a seed per file, or --seed's)."""
     if os.path.exists(os.path.join(ROOT, MAP_FILE)):
         saved = json.loads(read(os.path.join(ROOT, MAP_FILE)))
         return dict(reference=None, mapping=saved, exercises=saved["exercises"],
@@ -115,20 +114,18 @@ def cmd_grade_all(args) -> None:
                     limits_of(args), secret=where.get("secret"))
     top = os.open(args.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # read from, held
     students = students_of(top)  # names only: the judges start before any file is read
-    grader.start(jobs=len(students) * len(where["exercises"]))  # and their sandboxes, 4 ahead
-    if grader.sandbox() is None and not args.no_sandbox_ok:
-        grader.close()
-        os.close(top)
-        raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install bubblewrap "
-                         "(and allow user namespaces), or pass --no-sandbox-ok to grade anyway "
-                         "(docs/instructors.md says what is then unprotected)")
-    if os.path.exists(args.csv):
-        os.remove(args.csv)  # a stopped run leaves no old file that looks new
     order = students[::-1] if args.order == "reverse" else list(students)
     if args.order == "random":
         random.shuffle(order)
     graded, seeds, files = {}, {}, {}  # seeds: each student's; files: by inode
     try:
+        grader.start(jobs=len(students) * len(where["exercises"]))  # and their sandboxes, 4 ahead
+        if grader.sandbox() is None and not args.no_sandbox_ok:
+            raise SystemExit(f"course: {grading.NO_SANDBOX}. grade-all refuses: install "
+                             "bubblewrap (and allow user namespaces), or pass --no-sandbox-ok to "
+                             "grade anyway (docs/instructors.md says what is then unprotected)")
+        if os.path.exists(args.csv):
+            os.remove(args.csv)  # a stopped run leaves no old file that looks new
         for name, entry, why in order:  # each read once, as it stands, just before its grade
             student = dict(why=why, form=(None, written.NO_FORM)) if why else \
                 read_student(top, entry)

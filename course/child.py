@@ -41,21 +41,18 @@ EQUAL = torch.equal  # as torch has it, before a student's code may replace it
 
 def zygote(fd: int, work: str) -> None:
     """Fork a child for each request of the judge. Nothing is loaded ahead but torch (and numpy's
-    generator, to seed it): a child imports the rest itself, from the sandbox's read-only views
-    of the Python."""
+    generator, to seed it): a child imports the rest itself, from the sandbox's read-only Python."""
     control = socket.socket(fileno=fd)
     torch.set_num_threads(1)
-    # its sandbox's pid 1 takes from inside it only the signals it handles: none (Python's
-    # SIGINT handler off), so nothing but the kernel (its cgroup out of memory) or the grader
-    # ends it, and the driver may call its end the grader's failure (course/grading.py, done)
+    # a pid 1 takes from inside its sandbox only the signals it handles (none: SIGINT's off), so
+    # only the kernel (its cgroup out of memory) or the grader ends it (grading.Driver.done)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # out of memory, the kernel kills a sandbox's processes first, not the grader's (before the
     # prctl below: a process not dumpable may not write its own /proc files)
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
-    # In a sandbox this is its pid 1 (bwrap's --as-pid-1): all in it die with it, and it dies
-    # with bwrap. Not dumpable, so no process of the student's (same uid) may ptrace it to undo
-    # that; its children inherit it.
+    # In a sandbox its pid 1 (--as-pid-1): all in it die with it, and it with bwrap. Not dumpable
+    # (its children inherit that), so no process of the student's (same uid) may ptrace it.
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     os.write(1, b"ready\n")  # the driver caps the sandbox's memory from here (course/grading.py)
     children = set()

@@ -45,7 +45,6 @@ MISTAKES = (
                                      "torch.maximum(d_pos, d_neg)"),)),
     (8, "keeps the lowest entropies", (("_quantile(real, 1 - top_fraction)",
                                         "_quantile(real, top_fraction)"),)),
-    # issue 29's real mistakes that passed every test before
     (2, "informative_groups as std > 0", (("return (values != values[:, :1]).any(dim=1)",
                                            "return values.float().std(dim=1) > 0"),)),
     (4, "k3 clamped at 10", (("return torch.expm1(log_ratio) - log_ratio",
@@ -57,7 +56,6 @@ MISTAKES = (
          "return mask & (entropy.float() >= threshold)"),)),
     (8, "the threshold over padding too", (("real = entropy[mask].float()",
                                             "real = entropy.flatten().float()"),)),
-    # issue 42's real mistakes, each found by a hidden test on some seeds only before
     (2, "groups_informative counting the kept only", (
         ("n_informative += int(keep.sum())\n        take = keep.nonzero().squeeze(1)[: batch_size "
          "- n_kept]  # drop the surplus", "take = keep.nonzero().squeeze(1)[: batch_size - n_kept]"
@@ -77,7 +75,6 @@ CORRECT = (  # other correct solutions, each at full marks: (exercise, what, edi
          "log_ratio = torch.where(mask, logp - _constant(old_logp), 0.0).to(dtype)"),
         ("log_s = torch.where(mask, logp - logp.detach(), 0.0) + log_s.detach()",
          "log_s = torch.where(mask, logp - _constant(logp), 0.0) + _constant(log_s)"))),
-    # issue 34's: module-level statements other than assignments and definitions
     (1, "a constant built by a module-level for", (
         ('SURROGATES = ("clip", "reinforce")\n',
          'SURROGATES = ("clip", "reinforce")\n_FLOORS = []\nfor _x in (-1.0,):\n'

@@ -1,11 +1,9 @@
 """Grading: the driver that runs the judges and the students' processes, the test map, the points.
 
-The driver (this process) starts the judge workers (course/judge.py: one collects the tests, in a
-folder no sandbox sees, and forks the others), then grades one submission at a time: exercise k
-is one job, on worker n mod the workers (n: its place in the set), in a bubblewrap sandbox no job
-has used (`sandbox_argv`, ENTER, `find_cgroup`; the test map's jobs, the reference's own code,
-share one a worker). What the sandbox, its uid, its cgroup and the limits guard, and what runs
-without one: docs/instructors.md, "What the grader protects against".
+The driver (this process) starts the judge workers (course/judge.py), then grades one submission
+at a time: exercise k is one job, on worker n mod the workers (n: its place in the set), in a
+bubblewrap sandbox no job has used (`sandbox_argv`, ENTER, `find_cgroup`). What the sandbox, its
+uid, its cgroups and the limits guard: docs/instructors.md, "What the grader protects against".
 """
 
 import ast
@@ -84,9 +82,8 @@ def sha(*parts) -> str:
 
 
 def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
-    """bwrap's command line, for the sandbox docs/instructors.md describes (code_dir as /course,
-    disk_mb of /tmp). With uid (as root), ENTER's command line that starts it as uid, the outside
-    uid that the sandbox's user maps to."""
+    """bwrap's command line for the sandbox docs/instructors.md describes (code_dir as /course,
+    disk_mb of /tmp); with uid (as root), ENTER's, which starts it as that outside uid."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--as-pid-1", "--new-session", "--uid", "65534", "--gid", "65534",
             "--ro-bind", "/usr", "/usr", "--size", str(int(disk_mb) << 20), "--tmpfs", "/tmp"]
@@ -100,8 +97,7 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
     for path in sorted({q for p in pythons if os.path.isdir(p) for q in (p, os.path.realpath(p))
                         if not q.startswith("/usr/")}):
         argv += ["--ro-bind", path, path]
-    # the project where pip may have installed it (its reference), in every package folder of a
-    # bound Python: hidden
+    # hidden: the project (its reference) where pip may have installed it, in a bound Python
     places = sites + [q for p in pythons + ["/usr"]
                       for pattern in ("lib/python*/*-packages", "local/lib/python*/*-packages")
                       for q in glob.glob(os.path.join(p, pattern))]
@@ -123,8 +119,7 @@ def sandbox_argv(code_dir: str, disk_mb: int, uid=None) -> list:
 
 
 def closed_to(path: str, uid: int):
-    """The first folder above path that uid (with gid uid, no other group) cannot search, or
-    None."""
+    """The first folder above path that uid (gid uid, no other group) cannot search, or None."""
     parts = os.path.realpath(path).split("/")[1:-1]
     for n in range(len(parts) + 1):
         folder = "/" + "/".join(parts[:n])
@@ -166,9 +161,8 @@ os.execvp(argv[0], argv)
 
 
 def find_sandbox():
-    """{"uid": the first sandbox's uid, or None to keep the grader's; "cgroup", "cpu",
-    "cpuacct": the memory, cpu and cpuacct find_cgroup} if bwrap runs this Python here (as root,
-    under a uid of its own, else under root); else None."""
+    """{"uid": the first sandbox's uid (as root, where bwrap runs under one; else None), "cgroup",
+    "cpu", "cpuacct": find_cgroup's} if bwrap runs this Python here; else None."""
     with tempfile.TemporaryDirectory(prefix="course-probe-") as code:
         os.chmod(code, 0o755)
         for uid in [SANDBOX_UID, None][os.geteuid() != 0:] * bool(shutil.which("bwrap")):
@@ -204,9 +198,8 @@ CGROUP_FILES = {1: dict(limit="memory.limit_in_bytes", usage="memory.usage_in_by
 
 
 def find_cgroup(controller: str):
-    """{"folder", "version"}: where this process may make cgroups of its own with `controller`
-    ("memory", "cpu" or "cpuacct") on for them (v1's hierarchy of it, or v2's where it is on for its
-    children), else None (docs/instructors.md)."""
+    """{"folder", "version"}: where this process may make cgroups with `controller` on (v1's
+    hierarchy of it, or v2's where it is on for children), else None (docs/instructors.md)."""
     for line in read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         version = 1 if controller in controllers.split(",") else 2 if not controllers and (
@@ -243,8 +236,7 @@ def cgroup_file(cgroup: dict, folder: str, which: str) -> str:
 
 
 def cap(cgroup: dict, folder: str, limit: int) -> None:
-    """The memory cgroup `folder` may hold limit bytes, and no swap (v1's second limit counts
-    memory and swap together)."""
+    """The memory cgroup `folder` may hold limit bytes, and no swap (v1's counts both in one)."""
     write_to(cgroup_file(cgroup, folder, "limit"), limit)
     if os.path.exists(cgroup_file(cgroup, folder, "swap")):
         write_to(cgroup_file(cgroup, folder, "swap"), limit if cgroup["version"] == 1 else 0)
@@ -272,9 +264,8 @@ class Driver:
         os.makedirs(self.code, mode=0o755)
         for name in ("child.py", "protocol.py"):
             shutil.copy(os.path.join(HERE, name), self.code)
-        # sandboxes warm ahead (`give_box`; about 150 MB each): a class's next submission's warm
-        # up while one is graded; jobs: how many it runs at most (None: no end known); reuse (the
-        # map's jobs, the reference's own code): a worker's sandbox serves all its jobs
+        # sandboxes warm ahead, about 150 MB each (`give_box`); jobs: how many at most (None: no
+        # end known); reuse (the map's jobs, the reference's code): a worker's box serves them all
         self.left, self.started, self.ids = math.inf if jobs is None else jobs, 0, 0
         self.reuse = reuse
         self.boxes = [self.start_box() for _ in range(min(self.left, 4))]
@@ -317,9 +308,8 @@ class Driver:
                     cgroup=cgroups[0] if self.sandbox and self.sandbox["cgroup"] else None)
 
     def warm(self, box) -> None:
-        """Wait for the sandbox's zygote to load torch (its line "ready"); then its cgroup may
-        hold what it holds plus the memory limit: all the job's processes, and its files in
-        /tmp, together."""
+        """Wait for the sandbox's zygote to load torch (its line "ready"); then its cgroup may hold
+        that plus the memory limit: the job's processes and its files in /tmp, together."""
         ready, _, _ = select.select([box["process"].stdout], [], [], 300)
         said = os.read(box["process"].stdout.fileno(), 6) if ready else b""
         box["process"].stdout.close()
@@ -329,15 +319,9 @@ class Driver:
             usage = int(read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "usage")))
             cap(self.sandbox["cgroup"], box["cgroup"], usage + (self.limits["memory_mb"] << 20))
 
-    def ooms(self, box) -> int:
-        """How many of the sandbox's processes its cgroup's limit has killed."""
-        events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
-        return int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
-
     def give_box(self, worker) -> None:
-        """A sandbox for the worker's job: a warm one no job has used (unless reuse; one that died
-        meanwhile fails `warm`); then another starts if the jobs still to come outnumber the warm
-        ones (4 at most)."""
+        """A sandbox for the worker's job: a warm one no job has used (unless reuse; a dead one
+        fails `warm`); another starts while the jobs to come outnumber the warm ones (4 at most)."""
         if worker["box"] is None:
             worker["box"] = self.boxes.pop(0) if self.boxes else self.start_box()
             self.left -= 1
@@ -403,11 +387,9 @@ class Driver:
     def next_message(self, worker, deadline):
         """The worker's next line as a dict, or None by the deadline (or if it is not one)."""
         while b"\n" not in worker["buffer"]:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or len(worker["buffer"]) > 1 << 28:
-                return None
-            ready, _, _ = select.select([worker["channel"]], [], [], remaining)
-            if not ready:
+            ready, _, _ = select.select([worker["channel"]], [], [],
+                                        max(deadline - time.monotonic(), 0))
+            if not ready or len(worker["buffer"]) > 1 << 28:
                 return None
             data = worker["channel"].recv(1 << 20)
             if not data:
@@ -440,8 +422,7 @@ class Driver:
         """Each job's result, in order: the jobs of one submission (or the map's)."""
         for job in jobs:  # ids never reused: a late line answers no later job
             job["id"], self.ids = self.ids, self.ids + 1
-        # job n on worker n mod the workers, whatever the timing: the jobs that share a judge
-        # are the same ones, in the same order, on every grade
+        # job n on worker n mod the workers: the same jobs share a judge, in order, on every grade
         todo, results = [jobs[i::len(self.pool)] for i in range(len(self.pool))], {}
         while len(results) < len(jobs):
             for i, worker in enumerate(self.pool):
@@ -454,15 +435,13 @@ class Driver:
                     except (OSError, RuntimeError) as error:  # its sandbox, or its judge
                         self.restart(i, todo[i], results, f"a sandbox or a judge failed: {error}")
                         continue
-                    # the judge's limits count no time spent waiting for a CPU (Session.clock):
-                    # its job still running four limits on is the grader's failure
+                    # a job still running 4 limits on (of Session.clock) is the grader's failure
                     worker["deadline"] = time.monotonic() + 4 * job["limit"] + 60
             busy = [w for w in self.pool if w["job"] is not None]
-            ready, _, _ = select.select([w["channel"] for w in busy], [], [], 0.2)
+            select.select([w["channel"] for w in busy], [], [], 0.2)  # until one says something
             for worker in busy:
                 i = self.pool.index(worker)
-                message = self.next_message(worker, time.monotonic() + 0.01) if (
-                    worker["channel"] in ready or b"\n" in worker["buffer"]) else None
+                message = self.next_message(worker, time.monotonic())  # a whole line, if one came
                 if message is not None:
                     if message.get("id") == worker["job"]["id"]:  # any other line is no answer
                         self.done(worker, message, todo[i], results)
@@ -478,13 +457,13 @@ class Driver:
         self.pool[i], = self.start_workers(1)
 
     def done(self, worker, message: dict, queue: list, results: dict) -> None:
-        """The worker's job's result; but a job the grader failed (`grader`: its sandbox or judge
-        stopped before the student's code ran, or its sandbox ended for no memory of its own)
-        runs once more, next, in a fresh sandbox."""
+        """The worker's job's result; but a job the grader failed (`grader`, docs/instructors.md
+        says when) runs once more, next, in a fresh sandbox."""
         job, box, worker["job"] = worker["job"], worker["box"], None
-        if message.get("limit") == "died" and box["cgroup"] and self.ooms(box):
-            # its cgroup (this job's alone, capped before it) ran out of memory: the student's
-            message.update(limit="memory", stopped="the kernel killed it", grader=None)
+        if message.get("limit") == "died" and box["cgroup"]:  # this job's alone: out of memory?
+            events = read(cgroup_file(self.sandbox["cgroup"], box["cgroup"], "events")).split()
+            if "oom_kill" in events and int(events[events.index("oom_kill") + 1]):
+                message.update(limit="memory", stopped="the kernel killed it", grader=None)
         if not self.reuse or message.get("grader"):  # with all the job left in it: no later job
             self.drop(box)  # of the submission finds what this one wrote
             worker["box"] = None
@@ -497,8 +476,7 @@ class Driver:
                 grader=None) | message
 
     def close(self) -> None:
-        """The judges and the sandboxes killed, not asked (a Python with torch takes a second to
-        exit)."""
+        """The judges and the sandboxes killed, not asked (a Python with torch takes 1 s to go)."""
         for worker in self.pool[::-1]:  # the forks before the worker they came from
             self.kill_worker(worker)
             worker["log"].close()
@@ -514,8 +492,7 @@ class Driver:
 # the test map: which tests fail when one function is blank; computed once, kept in the cache
 
 def test_files(root=ROOT) -> dict:
-    """{name in the judge's folder: path}: the tests, the hidden set, and in a handout the loops'
-    outputs."""
+    """{name in the judge's folder: path}: the tests, the hidden set, a handout's loops' outputs."""
     return {os.path.basename(name): os.path.join(root, name) for name in (TESTS, HIDDEN, SNAPSHOTS)
             if name == TESTS or os.path.exists(os.path.join(root, name))}
 
@@ -575,8 +552,7 @@ def compute_map(reference: str, tests: dict) -> dict:
 
 
 def test_map(reference: str, tests=None) -> dict:
-    """The map, from the cache when nothing has changed and its hash checks; read once, before
-    any submission runs, and kept in memory."""
+    """The map, from the cache when nothing changed and its hash checks; read before any grade."""
     tests = tests or test_files()
     key = map_key(reference, tests)
     path = os.path.join(CACHE, f"map-{key[:16]}.json")
@@ -633,8 +609,7 @@ def blocker(failure):
 
 
 def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
-    """Exercise k's row: each function's share (EXERCISES) by its tests, as docs/course.md's
-    "Points" says."""
+    """Exercise k's row: each function's share by its tests (docs/course.md, "Points")."""
     row = dict(k=k, max=exercise_points(k), failed={}, waiting={}, per_function={},
                blank=[name for name in plan["functions"] if name in result.get("blank", ())],
                limit=result.get("limit"), error=result.get("error"), notes=[],
@@ -673,7 +648,7 @@ def score(plan: dict, k: int, result: dict, kinds: dict, limits: dict) -> dict:
 
 def not_written(source: str, names) -> list:
     """The functions of `names` still as a handout gives them: checks, then raise
-    NotImplementedError. source compiles (Grader.grade checked it)."""
+    NotImplementedError. source compiles (`worked` checked it)."""
     defs = functions(source)
     return [name for name in names if (node := defs.get(name)) is not None
             and kept_statements(node) == len(node.body) - 1 and isinstance(node.body[-1], ast.Raise)
@@ -681,17 +656,15 @@ def not_written(source: str, names) -> list:
 
 
 def copies(source: str, reference: str) -> set:
-    """The exercises' functions that source holds as the reference has them, statement for
-    statement (comments and layout aside)."""
+    """The exercises' functions that source holds statement for statement as the reference does."""
     mine, theirs = functions(source), functions(reference)
     return {name for name in EXERCISE_OF if name in mine and name in theirs
             and ast.dump(mine[name]) == ast.dump(theirs[name])}
 
 
 def cross_notes(rows: list, mapping: dict, blank_elsewhere=()) -> None:
-    """In a handout: a failing test of k that uses another exercise j that also fails says so. j
-    fails when its row does, or, when rows are some of the set's exercises (grade -e), when it is
-    in blank_elsewhere: the set's other exercises with a function not written yet."""
+    """In a handout: a failing test of k that uses another exercise j that also fails says so; j
+    fails when its row does or is in blank_elsewhere (grade -e: the set's others not written)."""
     need = needs(mapping)
     failing = {r["k"] for r in rows if r["failed"] or r["blank"]} | set(blank_elsewhere)
     for row in rows:
@@ -736,8 +709,7 @@ class Grader:
         self.plan = scheme(mapping, self.exercises, self.in_order)
 
     def start(self, workers=None, jobs=None) -> None:
-        """The judges, with their copy of the tests, before any submission is read, and
-        sandboxes warm for the jobs to come (jobs: how many at most, a job an exercise)."""
+        """The judges, with their copy of the tests, and sandboxes warm for `jobs` jobs to come."""
         if self.driver is None:
             self.driver = Driver(self.tests, self.seed or 0, self.mapping["constants"],
                                  self.mapping["functions"], self.limits, workers, jobs)
@@ -817,13 +789,12 @@ WORK = dict(cpu_s=5, memory_mb=1024, wall_s=60)  # the driver's own work on one 
 def worked(source: str, label: str, reference, extras) -> dict:
     """examine's answer, worked out in this process (its child, limited)."""
     try:
-        try:
-            compile(source, label, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as error:  # graded: every exercise says the error
-            return dict(error=f"{type(error).__name__}: {error}", flags=scan(source, extras),
-                        blank=[], copied=[])
-        return dict(error=None, flags=scan(source, extras), blank=not_written(source, EXERCISE_OF),
+        flags = scan(source, extras)  # of a file that does not compile too
+        compile(source, label, "exec", dont_inherit=True)
+        return dict(error=None, flags=flags, blank=not_written(source, EXERCISE_OF),
                     copied=sorted(copies(source, reference)) if reference else [])
+    except (SyntaxError, ValueError) as error:  # graded: every exercise says the error
+        return dict(error=f"{type(error).__name__}: {error}", flags=flags, blank=[], copied=[])
     except (RecursionError, MemoryError):  # the parser's, the compiler's or the scan's
         return dict(refused="its code nests too deep for the grader to read")
 
@@ -833,10 +804,9 @@ EXAMINE = ("import json, sys; sys.path[:0] = sys.argv[1:]; from course.grading i
 
 
 def examine(source: str, label="tokencredit.py", reference=None, extras=()) -> dict:
-    """The driver's own work on a submission's text before any sandbox (parse, compile, the flag
-    scan, which functions are written, which are the reference's), in a process of its own under
-    WORK (CPU time, memory, wall time): {"error": its SyntaxError or None, "flags", "blank",
-    "copied"}. ValueError says which limit it passed, or that its code nests too deep."""
+    """The driver's own work on a submission's text before any sandbox (parse, compile, flag scan,
+    which functions are written or the reference's), in a process of its own under WORK: {"error":
+    its SyntaxError or None, "flags", "blank", "copied"}; ValueError: past a limit, or too deep."""
     def limited():
         resource.setrlimit(resource.RLIMIT_CPU, (WORK["cpu_s"],) * 2)
         resource.setrlimit(resource.RLIMIT_AS, (WORK["memory_mb"] << 20,) * 2)

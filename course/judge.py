@@ -1,9 +1,7 @@
 """The judge's side: a pytest session that never imports or runs a student's code (docs/course.md,
 "The student's code computes; the grader judges", says what crosses and why). The tests'
-`tokencredit` is a proxy: the instructor's constants (literals, not run), and each function a call
-to the student's process (course/child.py); a callable the test passes (fill_batch's
-sample_groups) is called back here; an exception of ALLOWED is raised as itself, any other as
-StudentError.
+`tokencredit` is a proxy: the instructor's constants, and each function a call to the student's
+process (course/child.py); an exception of ALLOWED is raised as itself, any other as StudentError.
 
     python -m course.judge FD...   workers, one a line FD: jobs come from course/grading.py's driver
 """
@@ -38,8 +36,7 @@ JUDGE_MB = 384  # memory a job's fork of the judge may add: a test on a huge ans
 
 
 def schedstat(thread) -> tuple:
-    """(seconds on a CPU, seconds waiting for one) of a thread of this machine, or zeros: it has
-    exited, or the kernel keeps no such count."""
+    """(seconds on a CPU, seconds waiting for one) of a thread, or zeros (exited, or not kept)."""
     try:
         with open(f"/proc/{thread}/schedstat") as f:
             return tuple(int(n) / 1e9 for n in f.read().split()[:2])
@@ -52,8 +49,7 @@ class StudentError(Exception):
 
 
 class GraderLimit(Exception):
-    """The student's process is gone: a limit, a crash or a malformed answer. Every later call
-    of the same exercise raises it again."""
+    """The student's process is gone (a limit, a crash, a malformed answer): each later call too."""
 
 
 class Session:
@@ -65,15 +61,14 @@ class Session:
         self.returned = {}  # id: weakref of each tensor that came from the child ("got")
         self.where, self.called = [], set()
         self.sees_writes = False  # else the judge's tensors stay as sent, whatever the child does
-        self.box, self.start = box, (0.0, 0.0, 0.0)
+        self.box = box  # its cgroup's files (grading.Driver.start_box), or None
         self.sock, self.pid = zygote.fork(spec)
         self.start = self.used()  # from the fork: a sandbox's start is ours
         self.deadline = self.test_deadline = limit_s  # in seconds of `clock`
 
     def used(self) -> tuple:
-        """(wall, CPU, waiting) seconds so far: the wall clock; the CPU time of the judge's
-        thread and of the sandbox's processes (its cpuacct cgroup's, the exited ones' too); the
-        time they waited for a CPU that others held (each thread's)."""
+        """(wall, CPU, waiting) seconds so far: the wall clock; the judge's thread's and the
+        sandbox's CPU time (its cpuacct cgroup's, exited processes' too); their threads' waits."""
         ran, waited = schedstat("thread-self")
         if self.box:
             with open(self.box["cpuacct"]) as f:  # v1's cpuacct.usage in ns, v2's cpu.stat in µs
@@ -84,10 +79,8 @@ class Session:
         return time.monotonic(), ran, waited
 
     def clock(self) -> float:
-        """Seconds of this exercise as its time limits count them: the wall time since the fork
-        less the time spent waiting for a CPU that other work held (a busy machine's, another
-        run's), but never less than the CPU time used: a student's own processes that keep
-        each other waiting cost their own time."""
+        """Seconds of this exercise as its limits count them: the wall time since the fork less
+        the waits for a CPU, never less than the CPU time (docs/instructors.md says why)."""
         (wall, ran, waited), (wall0, ran0, waited0) = self.used(), self.start
         return min(wall - wall0, max(wall - wall0 - max(waited - waited0, 0.0), ran - ran0))
 
@@ -99,8 +92,20 @@ class Session:
     # -- the line to the child
 
     def receive(self) -> tuple:
-        """The child's next message, whole by the deadline (not only each read by it)."""
-        self.wait()
+        """The child's next message, whole by the deadline (not only each read by it); a child
+        that has ended before (killed, say, while a process it forked holds its line open) stops
+        at once."""
+        while True:  # until its line has data or the deadline is past
+            left = self.left()
+            ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0.05))
+            if self.sock in ready or left <= 0:  # an answer (or the deadline): read below
+                break
+            try:
+                self.zygote.lines(0.01)
+            except (OSError, EOFError):  # the sandbox's first process: all in it are gone
+                self.stop("died", "its sandbox ended")
+            if self.pid in self.zygote.exits:
+                self.stop(*self.zygote.why(self.pid))
         try:  # a deadline already past times out before any read
             header, blobs = protocol.receive(self.sock, REPLY_LIMIT,
                                              time.monotonic() + max(self.left(), 0.0))
@@ -119,21 +124,6 @@ class Session:
         if header.get("op") == "raise":  # the student's exception, as a value
             raise self.exception(header)
         return header, blobs
-
-    def wait(self) -> None:
-        """Until the child's line has data or the deadline is past; a child that has ended
-        before (killed, say, while a process it forked holds its line open) stops at once."""
-        while True:
-            left = self.left()
-            ready, _, _ = select.select([self.sock, self.zygote.control], [], [], max(left, 0.05))
-            if self.sock in ready or left <= 0:  # an answer (or the deadline): receive reads it
-                return
-            try:
-                self.zygote.lines(0.01)
-            except (OSError, EOFError):  # the sandbox's first process: all in it are gone
-                self.stop("died", "its sandbox ended")
-            if self.pid in self.zygote.exits:
-                self.stop(*self.zygote.why(self.pid))
 
     def send(self, header, blobs=()) -> None:
         if self.dead:  # every later call of the same exercise
@@ -288,8 +278,7 @@ def remote(module, name: str):
 
 class Zygote:
     """The line to the warm parent of a job's child: course/child.py, in the sandbox the driver
-    gave that job (course/grading.py, Driver.give_box): each student's job's is fresh (the
-    map's jobs, the reference's own code, share one a worker)."""
+    gave that job (course/grading.py, Driver.give_box)."""
 
     def __init__(self, control):
         self.control, self.buffer, self.exits = control, b"", {}
@@ -455,10 +444,9 @@ class Worker:
 
     def run_job(self, job: dict, runner) -> dict:
         os.environ["TOKENCREDIT_SEED"] = str(job.get("seed", self.config["seed"]))  # this fork's
-        results, error = {}, None
+        results, calls = {}, {}  # calls: test: the functions it called
+        error = session = None
         limits = self.config["limits"]
-        session = None
-        calls = {}  # test: the functions it called
         try:
             session = Session(self.zygote, dict(limits=limits), float(job["limit"]),
                               job.get("box"))
@@ -523,8 +511,7 @@ class Worker:
         return "\n".join(out)[:FAILURE_LIMIT]
 
     def record(self) -> None:
-        """Wrap the test modules' ref_* loops to record what each returns (a handout's
-        snapshots): once a job, in the job's own fork of the judge."""
+        """Wrap the tests' ref_* loops to record what each returns (a handout's snapshots)."""
         for module in [m for n, m in list(sys.modules.items()) if n.startswith("test_")]:
             for name in [n for n in vars(module) if n.startswith("ref_")]:
                 setattr(module, name, self.recorder(name, getattr(module, name)))

@@ -96,8 +96,7 @@ def check_handouts(reference: str, sets=SETS) -> list:
 
 
 def plants_in(grader, reference: str) -> list:
-    """Each plant's own exercise graded by a handout's grader: a mistake loses points, a correct
-    variant none."""
+    """Each plant's own exercise in a handout's grade: a mistake loses points, a variant none."""
     problems = []
     print("points each plant loses in its own exercise, in the handout (set all, seed 0):")
     for k, what, edits in MISTAKES + CORRECT:

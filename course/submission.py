@@ -25,9 +25,8 @@ def refused(name, error: OSError) -> ValueError:
 
 
 def open_at(top, parts, flags=FOLDER) -> int:
-    """top/parts opened with flags, each folder on the way relative to its parent's descriptor,
-    no link followed at any level (ValueError: one is a link now, or gone). top None: the
-    current folder, where parts may be one absolute path (the instructor's: followed to it)."""
+    """top/parts opened with flags, each folder relative to its parent's descriptor, no link
+    followed (ValueError: one is a link now, or gone); top None: parts is the instructor's path."""
     fd = os.open(".", FOLDER if not parts else os.O_PATH | os.O_DIRECTORY, dir_fd=top)
     for i, part in enumerate(parts):
         try:
@@ -80,8 +79,7 @@ def read_at(top, parts, limit: int) -> tuple:  # read_fd's, of top/parts
 
 def walk(top: int, name: str) -> list:
     """Every entry below the folder top, as (its path's parts, whether a folder), shallowest first
-    and in name order; ValueError past WALK_LIMIT (a tree 1,000 levels deep is refused, not
-    recursed into) or for a folder it may not read (a tar keeps modes)."""
+    and in name order; ValueError past WALK_LIMIT, or for a folder it may not read (a tar's)."""
     (levels, most), out, todo = WALK_LIMIT, [], [()]
     for parts in todo:  # breadth first: todo grows as it is read
         fd = open_at(top, parts)
@@ -114,10 +112,9 @@ def read_form(top, parts) -> tuple:
 
 def read_student(top, entry: str, form_beside=False) -> dict:
     """The submission `entry` of the folder top, a file or a folder holding one (its shallowest
-    tokencredit.py, and written.txt): {"label": the file's name, "source": its text, "extras":
-    the other files' names, "form": read_form's, "inode"}, else {"why": not read, "form"}.
-    grade PATH's and the bundle's: top None and entry a path (open_at); with form_beside, a file
-    tokencredit.py has the form beside it."""
+    tokencredit.py, and written.txt): {"label", "source", "extras": the other files' names, "form":
+    read_form's, "inode"}, else {"why": not read, "form"}. top None: entry is grade PATH's or the
+    bundle's path; with form_beside, a file tokencredit.py has the form beside it."""
     form = (None, NO_FORM)
     try:
         fd = open_at(top, (entry,), AS_IT_STANDS)
@@ -148,8 +145,7 @@ def read_student(top, entry: str, form_beside=False) -> dict:
 
 def students_of(top: int) -> list:
     """[(name, entry, why not)] of the class folder top, one per student, named by the bytes of
-    STUDENT.py or STUDENT/ (or a link: read_student refuses it); a name with both (bob.py and
-    bob/) is refused whole."""
+    STUDENT.py or STUDENT/ (or a link: read_student refuses it); bob.py beside bob/: refused."""
     found = {}
     for entry in sorted(os.listdir(top), key=os.fsencode):
         with contextlib.suppress(OSError):  # gone meanwhile

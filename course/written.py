@@ -124,7 +124,7 @@ LINE = re.compile(r"\s*([A-Za-z0-9][\w.-]*)\s*:(.*)")
 
 def questions(exercises, table=None) -> list:
     """The rows of these exercises, in the table's order, as dicts (`number`: graded here).
-    tests/course/test_written.py checks QUESTIONS's rows once; a handout's table is written by public."""
+    tests/course/test_written.py checks QUESTIONS's rows; a handout's table is written by public."""
     keys = ("id", "k", "points", "expected", "abs", "rel", "question")
     rows = [dict(zip(keys, row), number=not isinstance(row[3], str))
             for row in (QUESTIONS if table is None else table)]
@@ -322,9 +322,8 @@ REPORT_WIDTH = 78  # columns at most of a report line that holds a student's tex
 
 
 def quoted(text: str, indent: str) -> list:
-    """Text that holds a student's, as report lines of its own: each `indent> ` and at most
-    REPORT_WIDTH columns (a wide character counts 2), each character that does not print escaped
-    and runs of spaces folded, so that no part of it starts a row (docs/instructors.md)."""
+    """Text that holds a student's, as report lines of its own, each `indent> ` first so that it
+    starts none: printable, runs of spaces folded, REPORT_WIDTH columns at most (wide ones: 2)."""
     lines, line, room = [], "", REPORT_WIDTH - len(indent) - 2
     for c in re.sub(" {2,}", " ", printable(text, one_line=True)):
         if sum(1 + (unicodedata.east_asian_width(x) in "WFA") for x in line + c) > room:
