@@ -107,8 +107,7 @@ class Session:
             if self.pid in self.zygote.exits:
                 self.stop(*self.zygote.why(self.pid))
         try:  # a deadline already past times out before any read
-            header, blobs = protocol.receive(self.sock, REPLY_LIMIT,
-                                             time.monotonic() + max(self.left(), 0.0))
+            header, blobs = protocol.receive(self.sock, REPLY_LIMIT, self.left)
         except socket.timeout:
             which = "time" if self.clock() >= self.deadline else "test time"
             self.stop(which, "it ran past the time limit")

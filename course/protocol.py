@@ -10,7 +10,6 @@ import json
 import math
 import socket
 import struct
-import time
 
 import torch
 
@@ -36,31 +35,34 @@ def send(sock: socket.socket, header: dict, blobs=()) -> None:
     sock.sendall(b"".join([struct.pack("!II", len(head_all), sum(sizes)), head_all, *blobs]))
 
 
-def _exactly(sock, n: int, deadline=None) -> bytes:
+def _exactly(sock, n: int, left=None) -> bytes:
     out = bytearray(n)
     view, got = memoryview(out), 0
     while got < n:
-        if deadline is not None:  # the whole message by the deadline, not each read
-            left = deadline - time.monotonic()
-            if left <= 0:
+        if left is not None:  # the whole message in the time left, not each read
+            seconds = left()
+            if seconds <= 0:
                 raise socket.timeout("the message did not come whole in time")
-            sock.settimeout(left)
-        k = sock.recv_into(view[got:], n - got)
+            sock.settimeout(seconds)
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except socket.timeout:  # left() says again how much time is left
+            continue
         if not k:
             raise EOFError("the other side closed the connection")
         got += k
     return bytes(out)
 
 
-def receive(sock: socket.socket, limit: int, deadline=None) -> tuple:
-    """(header, blobs), whole by `deadline` (time.monotonic()); raises EOFError, socket.timeout,
-    TooLarge or Malformed."""
-    head_size, blob_size = struct.unpack("!II", _exactly(sock, 8, deadline))
+def receive(sock: socket.socket, limit: int, left=None) -> tuple:
+    """(header, blobs), whole while `left()` (the seconds left) is above 0; raises EOFError,
+    socket.timeout, TooLarge or Malformed."""
+    head_size, blob_size = struct.unpack("!II", _exactly(sock, 8, left))
     if head_size + blob_size > limit or head_size > HEADER_LIMIT:
         raise TooLarge(f"{head_size} + {blob_size} bytes, past the limit of {HEADER_LIMIT} + "
                        f"{limit}")
     try:
-        message = json.loads(_exactly(sock, head_size, deadline))
+        message = json.loads(_exactly(sock, head_size, left))
         header, sizes = message["h"], message["sizes"]
         if not (isinstance(header, dict) and isinstance(sizes, list)
                 and all(isinstance(s, int) and s >= 0 for s in sizes)
@@ -68,7 +70,7 @@ def receive(sock: socket.socket, limit: int, deadline=None) -> tuple:
             raise Malformed("a header that does not describe its blobs")
     except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise Malformed(f"an unreadable header: {error}") from None
-    return header, [_exactly(sock, s, deadline) for s in sizes]
+    return header, [_exactly(sock, s, left) for s in sizes]
 
 
 def encode(value, callables=None) -> tuple:
