@@ -42,8 +42,10 @@ BUNDLE_FILE = "course_autograder.json"  # a Gradescope bundle's: its set, secret
 CACHE = os.path.join(ROOT, ".course-cache")
 MAP_VERSION = 3  # bump when the way the map is computed changes
 LIMITS = dict(  # the instructor's: an exercise past one of them gets 0, and the report says which
-    time_s=120.0,  # seconds for one exercise's tests: wall time less waits for a CPU that
-    test_s=10.0,  # other work held, never less than the CPU time (judge.Session.clock); one test's
+    # the two times: wall time less waits for a CPU that other work held, never less than the CPU
+    # time used (judge.Session.clock)
+    time_s=120.0,  # for one exercise's tests
+    test_s=10.0,  # for one test
     memory_mb=2048,  # what its sandbox may add to torch's (docs/instructors.md; `Driver.warm`)
     file_mb=16,  # the largest file it may write (its printed output goes to one)
     processes=64,  # processes of the student's user (RLIMIT_NPROC)
@@ -289,14 +291,14 @@ class Driver:
         env = dict(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LANG="C.UTF-8", HOME=work, PYTHONHASHSEED="0")  # all it gets (no -E)
         self.started += 1
-        name, cgroups, clock = f"course-{os.getpid()}-{time.time_ns()}", [], None
+        name, cgroups, counts = f"course-{os.getpid()}-{time.time_ns()}", [], None
         for which in ("cgroup", "cpu", "cpuacct") if box else ():  # its memory's, cpu's, count's
             folder = self.sandbox[which] and os.path.join(self.sandbox[which]["folder"], name)
             if folder and folder not in cgroups:  # v2: one for all (v1: cpu, cpuacct often)
                 os.mkdir(folder)
                 cgroups.append(folder)
             if folder and which == "cpuacct":  # what judge.Session.clock reads
-                clock = {k: cgroup_file(self.sandbox[which], folder, k)
+                counts = {k: cgroup_file(self.sandbox[which], folder, k)
                          for k in ("cpuacct", "threads")}
         process = subprocess.Popen(  # as uid: sandbox_argv's first program sees to it
             box + [sys.executable, "-s", os.path.join(code, "child.py"),
@@ -304,7 +306,7 @@ class Driver:
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, preexec_fn=joining(*cgroups) if cgroups else None)
         theirs.close()  # all the sandbox's processes are in its cgroups: bwrap starts there
-        return dict(process=process, control=ours, cgroups=cgroups, clock=clock,
+        return dict(process=process, control=ours, cgroups=cgroups, counts=counts,
                     cgroup=cgroups[0] if self.sandbox and self.sandbox["cgroup"] else None)
 
     def warm(self, box) -> None:
@@ -430,8 +432,8 @@ class Driver:
                     job = worker["job"] = todo[i].pop(0)
                     try:
                         self.give_box(worker)
-                        worker["channel"].sendall(
-                            json.dumps(dict(job, box=worker["box"]["clock"])).encode() + b"\n")
+                        line = json.dumps(dict(job, counts=worker["box"]["counts"]))
+                        worker["channel"].sendall(line.encode() + b"\n")
                     except (OSError, RuntimeError) as error:  # its sandbox, or its judge
                         self.restart(i, todo[i], results, f"a sandbox or a judge failed: {error}")
                         continue

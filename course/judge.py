@@ -55,13 +55,13 @@ class GraderLimit(Exception):
 class Session:
     """One child: one submission and one exercise."""
 
-    def __init__(self, zygote, spec: dict, limit_s: float, box=None):
+    def __init__(self, zygote, spec: dict, limit_s: float, counts=None):
         self.zygote, self.calls, self.dead, self.limit = zygote, 0, None, None
         self.running = False  # the student's code has been called (`load`)
         self.returned = {}  # id: weakref of each tensor that came from the child ("got")
         self.where, self.called = [], set()
         self.sees_writes = False  # else the judge's tensors stay as sent, whatever the child does
-        self.box = box  # its cgroup's files (grading.Driver.start_box), or None
+        self.counts = counts  # its sandbox's cgroup files (grading.Driver.start_box), or None
         self.sock, self.pid = zygote.fork(spec)
         self.start = self.used()  # from the fork: a sandbox's start is ours
         self.deadline = self.test_deadline = limit_s  # in seconds of `clock`
@@ -70,11 +70,11 @@ class Session:
         """(wall, CPU, waiting) seconds so far: the wall clock; the judge's thread's and the
         sandbox's CPU time (its cpuacct cgroup's, exited processes' too); their threads' waits."""
         ran, waited = schedstat("thread-self")
-        if self.box:
-            with open(self.box["cpuacct"]) as f:  # v1's cpuacct.usage in ns, v2's cpu.stat in µs
+        if self.counts:
+            with open(self.counts["cpuacct"]) as f:  # v1's cpuacct.usage (ns), v2's cpu.stat (µs)
                 usage = f.read().split()
             ran += int(usage[0]) / 1e9 if len(usage) == 1 else int(usage[1]) / 1e6
-            with open(self.box["threads"]) as f:
+            with open(self.counts["threads"]) as f:
                 waited += sum(schedstat(int(tid))[1] for tid in f.read().split())
         return time.monotonic(), ran, waited
 
@@ -448,7 +448,7 @@ class Worker:
         limits = self.config["limits"]
         try:
             session = Session(self.zygote, dict(limits=limits), float(job["limit"]),
-                              job.get("box"))
+                              job.get("counts"))
             self.module._session = self.session = session
             session.load(job)
         except GraderLimit as stopped:

@@ -415,9 +415,7 @@ def number_in(notes: str, word: str) -> int:
 # -----------------------------------------------------------------------------
 # beside: issue 53's five attacks and a-wait, graded by a second run beside a class
 
-BESIDE_ATTACKS = {  # name: what is added to BASE
-    # 60 spinning processes per exercise, each a session of its own (an autogroup each)
-    "a-spin": '''
+SPIN = '''
 import os as _os
 for _i in range(59):
     try:
@@ -427,20 +425,13 @@ for _i in range(59):
                 pass
     except OSError:
         break
-''',
+'''
+BESIDE_ATTACKS = {  # name: what is added to BASE
+    # 60 spinning processes per exercise, each a session of its own (an autogroup each)
+    "a-spin": SPIN,
     # asleep while 59 processes of its own keep each other waiting for a CPU, as another run
     # would: the time limit counts their CPU time then (judge.Session.clock), not nothing
-    "a-wait": '''
-import os as _os, time as _t
-for _i in range(59):
-    try:
-        if _os.fork() == 0:
-            while True:
-                pass
-    except OSError:
-        break
-_t.sleep(10 ** 6)
-''',
+    "a-wait": SPIN + "import time as _t\n_t.sleep(10 ** 6)\n",
     # 300 MB written to the sandbox's root (bwrap's own tmpfs, before)
     "a-root": fill("/x{_i}", 20),
     # socket and pipe buffers up to the memory limit, kept by a process that stays
